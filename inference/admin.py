@@ -1,0 +1,113 @@
+from __future__ import annotations
+
+from django.contrib import admin, messages
+from django.http import HttpResponseRedirect
+from django.urls import reverse
+from django.utils.html import format_html
+
+from inference.models import ApiKey, Job, JobStatus, Service, Tenant
+from inference.submission import cancel_job
+
+
+class ApiKeyInline(admin.TabularInline):
+    model = ApiKey
+    extra = 0
+    fields = ("label", "prefix", "revoked", "created_at")
+    readonly_fields = ("prefix", "created_at")
+
+
+@admin.register(Tenant)
+class TenantAdmin(admin.ModelAdmin):
+    list_display = ("name", "plan", "default_tier", "active", "created_at")
+    list_filter = ("plan", "default_tier", "active")
+    search_fields = ("name",)
+    inlines = [ApiKeyInline]
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        if not change:
+            _, plaintext = ApiKey.objects.issue(obj)
+            messages.warning(
+                request,
+                format_html(
+                    "API key for {}: <code>{}</code> — copy it now, it is not shown again.",
+                    obj.name,
+                    plaintext,
+                ),
+            )
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ("prefix", "tenant", "label", "revoked", "created_at")
+    list_filter = ("revoked",)
+    fields = ("tenant", "label", "prefix", "revoked", "created_at")
+    readonly_fields = ("prefix", "created_at")
+    actions = ["revoke"]
+
+    def save_model(self, request, obj, form, change):
+        if change:
+            return super().save_model(request, obj, form, change)
+        _, plaintext = ApiKey.objects.issue(obj.tenant, label=obj.label)
+        messages.warning(request, f"New API key: {plaintext} — copy it now, it is not shown again.")
+
+    def response_add(self, request, obj, post_url_continue=None):
+        return HttpResponseRedirect(reverse("admin:inference_apikey_changelist"))
+
+    @admin.action(description="Revoke selected keys")
+    def revoke(self, request, queryset):
+        queryset.update(revoked=True)
+
+
+@admin.register(Service)
+class ServiceAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "kind",
+        "model_ref",
+        "batch_size",
+        "batch_timeout",
+        "max_queue_size",
+        "worker_count",
+        "queue_timeout",
+        "rate_limit",
+        "enable_cache",
+        "active",
+    )
+    list_filter = ("kind", "active")
+
+
+@admin.register(Job)
+class JobAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "tenant",
+        "service",
+        "tier",
+        "status",
+        "created_at",
+        "queue_wait",
+        "inference_ms",
+        "batch_size",
+        "attempts",
+    )
+    list_filter = ("status", "tier", "service", "tenant")
+    search_fields = ("id",)
+    date_hierarchy = "created_at"
+    readonly_fields = [f.name for f in Job._meta.fields]
+    actions = ["cancel_jobs"]
+    list_select_related = ("tenant", "service")
+
+    def has_add_permission(self, request) -> bool:
+        # Jobs enter through the submit service only (validation, admission, publishing).
+        return False
+
+    @admin.display(description="queue wait (ms)")
+    def queue_wait(self, job: Job):
+        wait = job.queue_wait_ms
+        return None if wait is None else round(wait, 1)
+
+    @admin.action(description="Cancel selected queued jobs")
+    def cancel_jobs(self, request, queryset):
+        cancelled = sum(cancel_job(job) for job in queryset.filter(status=JobStatus.QUEUED))
+        self.message_user(request, f"Cancelled {cancelled} job(s).")

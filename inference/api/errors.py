@@ -1,0 +1,76 @@
+"""One error shape for every 4xx: {"error": {"code", "message", "fields": {path: [msgs]}}}."""
+
+from __future__ import annotations
+
+from rest_framework import status
+from rest_framework.exceptions import ValidationError
+from rest_framework.response import Response
+from rest_framework.views import exception_handler
+
+from inference.admission import AdmissionRefused
+from inference.inputs import InputError
+
+
+def _flatten(detail, prefix: str = "") -> dict[str, list[str]]:
+    if isinstance(detail, dict):
+        out: dict[str, list[str]] = {}
+        for key, value in detail.items():
+            path = key if not prefix else f"{prefix}.{key}"
+            if key == "non_field_errors":
+                path = prefix or "body"
+            out.update(_flatten(value, path))
+        return out
+    if isinstance(detail, list) and detail and all(isinstance(d, dict | list) for d in detail):
+        out = {}
+        for i, value in enumerate(detail):
+            out.update(_flatten(value, f"{prefix}[{i}]"))
+        return out
+    messages = detail if isinstance(detail, list) else [detail]
+    return {prefix or "body": [str(m) for m in messages]}
+
+
+def error_response(
+    status_code: int, code: str, message: str, fields: dict | None = None, headers=None
+) -> Response:
+    body = {"error": {"code": code, "message": message, "fields": fields or {}}}
+    return Response(body, status=status_code, headers=headers)
+
+
+def renq_exception_handler(exc, context):
+    if isinstance(exc, InputError):
+        return error_response(
+            status.HTTP_400_BAD_REQUEST,
+            "invalid_input",
+            f"{exc.field}: {exc.message}",
+            {exc.field: [exc.message]},
+        )
+    if isinstance(exc, AdmissionRefused):
+        return error_response(
+            exc.status_code,
+            "rate_limited" if exc.status_code == 429 else "queue_full",
+            exc.message,
+            {exc.field: [exc.message]},
+            headers={"Retry-After": str(exc.retry_after_s)},
+        )
+    response = exception_handler(exc, context)
+    if response is None:
+        return None
+    if isinstance(exc, ValidationError):
+        fields = _flatten(exc.detail)
+        first = next(iter(fields.items()))
+        response.data = {
+            "error": {
+                "code": "invalid_input",
+                "message": f"{first[0]}: {first[1][0]}",
+                "fields": fields,
+            }
+        }
+        return response
+    detail = response.data.get("detail", "") if isinstance(response.data, dict) else ""
+    code = getattr(getattr(exc, "detail", None), "code", None) or exc.__class__.__name__.lower()
+    message = str(detail)
+    fields = {}
+    if response.status_code == 400 and "JSON parse error" in message:
+        code, fields = "malformed_json", {"body": [message]}
+    response.data = {"error": {"code": code, "message": message, "fields": fields}}
+    return response

@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from inference.bulk import bulk_progress
+from inference.models import Job, Service
+from inference.tiers import Tier
+
+
+class JobSubmitSerializer(serializers.Serializer):
+    """Shape of the request; input is checked against the service kind by the submit service."""
+
+    service = serializers.CharField()
+    input = serializers.JSONField()
+    priority = serializers.ChoiceField(choices=Tier.values, required=False, allow_null=True)
+
+
+class JobSerializer(serializers.ModelSerializer):
+    service = serializers.CharField(source="service.name")
+    priority = serializers.CharField(source="tier")
+    queue_wait_ms = serializers.FloatField(read_only=True, allow_null=True)
+    total_ms = serializers.FloatField(read_only=True, allow_null=True)
+    progress = serializers.SerializerMethodField()
+    # Routed jobs (routing/): the backend running it and why; null for unrouted services.
+    backend = serializers.CharField(source="route.backend.name", read_only=True, default=None)
+    route_reason = serializers.CharField(source="route.reason", read_only=True, default=None)
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "service",
+            "priority",
+            "status",
+            "input",
+            "result",
+            "error",
+            "created_at",
+            "started_at",
+            "finished_at",
+            "queue_wait_ms",
+            "inference_ms",
+            "total_ms",
+            "attempts",
+            "batch_size",
+            "cached",
+            "is_bulk",
+            "progress",
+            "backend",
+            "route_reason",
+        ]
+
+    def get_progress(self, job: Job) -> dict | None:
+        """Bulk jobs: pieces done/failed of total."""
+        return bulk_progress(job) if job.is_bulk else None
+
+
+class JobSummarySerializer(JobSerializer):
+    """List view: no input or result bodies (embeddings make pages huge)."""
+
+    class Meta(JobSerializer.Meta):
+        fields = [f for f in JobSerializer.Meta.fields if f not in {"input", "result"}]
+
+
+class ServiceSerializer(serializers.ModelSerializer):
+    runtime = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Service
+        fields = ["name", "kind", "model_ref", "runtime"]
+
+    def get_runtime(self, service: Service) -> dict:
+        return service.runtime()

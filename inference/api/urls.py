@@ -1,0 +1,10 @@
+from django.urls import path
+
+from inference.api import views
+
+urlpatterns = [
+    path("jobs", views.JobListCreateView.as_view(), name="job-list"),
+    path("jobs/bulk", views.BulkJobCreateView.as_view(), name="job-bulk"),
+    path("jobs/<uuid:job_id>", views.JobDetailView.as_view(), name="job-detail"),
+    path("services", views.ServiceListView.as_view(), name="service-list"),
+]

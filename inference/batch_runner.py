@@ -1,0 +1,224 @@
+"""Turns one delivered job into a micro-batch, runs it, stores outcomes, acks messages.
+
+Called by the thin `inference.run_job` task. The delivered (seed) job opens a BatchWindow; the
+runner fills it from the service's tier queues (TierQueueReader) until it closes, claims the
+jobs atomically in Postgres, runs one batched forward pass per length bucket (the engine), and
+stores every outcome before acknowledging any pulled message.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+
+from django.conf import settings
+from django.utils import timezone
+
+from inference.batching import BatchItem, BatchWindow
+from inference.claims import Claim, Outcome, claim_jobs, release_jobs, store_outcomes
+from inference.engines import load_engine
+from inference.models import Job
+from inference.tier_reader import PulledMessage, TierQueueReader
+from inference.tiers import Tier
+from routing.cascade import fail_over_local_error, settle_local_outcomes
+
+logger = logging.getLogger(__name__)
+
+# Between empty polls of the tier queues while a window is open. Small against batch_timeout
+# (10 ms and up) yet cheap: each poll is one basic.get per tier on a local broker.
+POLL_INTERVAL_S = 0.002
+
+
+def engine_payload(job: Job) -> dict:
+    """The job's input plus the service-level defaults the engine needs."""
+    if job.service.kind == "embedding" and "normalize" not in job.input:
+        return {**job.input, "normalize": job.service.normalize_embeddings}
+    return job.input
+
+
+def worker_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+@dataclass
+class BatchReport:
+    """What one run did; returned by the task so Flower shows it."""
+
+    ran: int = 0
+    expired: int = 0
+    dropped: int = 0
+    failed: int = 0
+    requeued: int = 0
+    seed_failed: bool = False
+    tiers: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        return self.__dict__.copy()
+
+
+class BatchRunner:
+    def __init__(self, reader_for_service):
+        # reader_for_service(service_name) -> TierQueueReader, cached by the caller.
+        self._reader_for_service = reader_for_service
+
+    def run(self, seed_job_id: str, *, seed_redelivered: bool, seed_tier: str | None) -> dict:
+        report = BatchReport()
+        worker = worker_identity()
+        seed_claim = claim_jobs(
+            [seed_job_id],
+            redelivered_ids=[seed_job_id] if seed_redelivered else [],
+            worker=worker,
+        )
+        report.expired += len(seed_claim.expired)
+        if not seed_claim.jobs:
+            report.dropped += 1 - len(seed_claim.expired)
+            return report.as_dict()
+
+        seed = seed_claim.jobs[0]
+        service = seed.service
+        try:
+            engine = load_engine(service.kind, service.model_ref, device=settings.RENQ_DEVICE)
+        except Exception as exc:
+            # The local backend is down: a routed job moves down its cascade (routing/).
+            if not fail_over_local_error(seed_claim.token, seed, exc):
+                raise
+            report.failed += 1
+            return report.as_dict()
+        reader: TierQueueReader = self._reader_for_service(service.name)
+        if seed_tier:
+            reader.mark_served(seed_tier)
+
+        window: BatchWindow[tuple[Job, Claim]] = BatchWindow(
+            max_jobs=service.batch_size,
+            timeout_s=service.batch_timeout,
+            max_tokens=service.max_total_tokens,
+        )
+        window.offer(
+            self._item(engine, seed, seed_claim),
+            arrived_at=seed.created_at.timestamp(),
+        )
+        pulled: list[PulledMessage] = []
+        try:
+            self._fill(window, reader, engine, pulled, worker, report)
+            outcomes = self._run_batch(engine, window.items, report)
+            # The seed is the window's first item.
+            report.seed_failed = outcomes[0].result is None
+        except BaseException:
+            # Outcomes may not be stored: hand the pulled messages back now (redelivered, the
+            # claim is taken over) rather than waiting for the stale-claim sweep.
+            for pm in pulled:
+                if not pm.message.acknowledged:
+                    pm.message.requeue()
+            raise
+        # Outcomes are stored: only now may RabbitMQ forget the messages.
+        for pm in pulled:
+            if not pm.message.acknowledged:
+                pm.message.ack()
+        return report.as_dict()
+
+    @staticmethod
+    def _item(engine, job: Job, claim: Claim) -> BatchItem[tuple[Job, Claim]]:
+        return BatchItem(
+            value=(job, claim),
+            tokens=engine.count_tokens(engine_payload(job)),
+            realtime=job.tier == Tier.REALTIME,
+        )
+
+    def _fill(self, window, reader, engine, pulled, worker, report) -> None:
+        """Take what is waiting now, always; wait for more only while the window is open.
+
+        The deadline bounds how long a batch waits for company, never what it takes: under a
+        backlog every seed is past its deadline, and the batch must still fill from the queue.
+        """
+        while not window.full:
+            # A realtime batch takes only other realtime jobs: P0 never waits behind a big
+            # batch of offline work in its own forward pass.
+            tiers = [Tier.REALTIME] if window.has_realtime else None
+            burst: list[PulledMessage] = []
+            while len(window) + len(burst) < window.max_jobs:
+                pm = reader.get(tiers)
+                if pm is None:
+                    break
+                burst.append(pm)
+            if burst:
+                pulled.extend(burst)
+                self._admit(burst, window, engine, worker, report)
+                continue
+            if window.has_realtime or window.remaining_s() <= 0:
+                return
+            time.sleep(min(POLL_INTERVAL_S, window.remaining_s()))
+
+    def _admit(self, burst, window, engine, worker, report) -> None:
+        claim = claim_jobs(
+            [pm.job_id for pm in burst],
+            redelivered_ids=[pm.job_id for pm in burst if pm.redelivered],
+            worker=worker,
+        )
+        report.expired += len(claim.expired)
+        runnable = {str(job.pk): job for job in claim.jobs}
+        to_release = []
+        for pm in burst:
+            job = runnable.pop(pm.job_id, None)
+            if job is None:
+                continue  # duplicate, cancelled, expired or finished: ack with the batch
+            item = self._item(engine, job, claim)
+            if not window.offer(item, arrived_at=job.created_at.timestamp()):
+                to_release.append(pm)
+        if to_release:
+            # Did not fit the token budget: give the jobs back and requeue their messages so
+            # the next batch (here or on another worker) takes them.
+            release_jobs(claim.token, [pm.job_id for pm in to_release])
+            for pm in to_release:
+                pm.message.requeue()
+            report.requeued += len(to_release)
+
+    def _run_batch(self, engine, items: list[BatchItem], report: BatchReport) -> list[Outcome]:
+        jobs = [item.value[0] for item in items]
+        report.tiers = sorted({job.tier for job in jobs})
+        outcomes = self._infer(engine, jobs, [item.tokens for item in items])
+        by_token: dict = {}
+        for item, outcome in zip(items, outcomes, strict=True):
+            by_token.setdefault(item.value[1].token, []).append(outcome)
+        for token, token_outcomes in by_token.items():
+            # Routed jobs: record local attempts, hand failures to the next fallback.
+            store_outcomes(token, settle_local_outcomes(token, token_outcomes))
+        report.ran += sum(o.result is not None for o in outcomes)
+        report.failed += sum(o.result is None for o in outcomes)
+        return outcomes
+
+    @staticmethod
+    def _infer(engine, jobs: list[Job], tokens: list[int]) -> list[Outcome]:
+        started_at = timezone.now()
+        started = time.perf_counter()
+        try:
+            results = engine.run_batch([engine_payload(job) for job in jobs])
+        except Exception as exc:
+            if len(jobs) == 1:
+                logger.exception("job %s failed", jobs[0].pk)
+                return [
+                    Outcome(
+                        job=jobs[0], error=f"{type(exc).__name__}: {exc}", started_at=started_at
+                    )
+                ]
+            # One bad input must not fail its neighbours: run each alone to find it.
+            logger.exception("batch of %d failed; isolating", len(jobs))
+            return [
+                outcome
+                for job, n in zip(jobs, tokens, strict=True)
+                for outcome in BatchRunner._infer(engine, [job], [n])
+            ]
+        elapsed_ms = (time.perf_counter() - started) * 1000
+        return [
+            Outcome(
+                job=job,
+                result=result,
+                started_at=started_at,
+                inference_ms=elapsed_ms,
+                batch_size=len(jobs),
+                tokens=n,
+            )
+            for job, result, n in zip(jobs, results, tokens, strict=True)
+        ]

@@ -1,0 +1,80 @@
+"""The batch window: when a micro-batch stops growing and goes to the model.
+
+A window closes at `max_jobs`, at `max_tokens`, or `timeout_s` after its first job *arrived*
+(its submission time, not when the previous batch finished: ray#36510, torchserve#2478), and at
+once when it holds a realtime job, which never waits for company.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass
+class BatchItem(Generic[T]):
+    value: T
+    tokens: int
+    realtime: bool = False
+
+
+@dataclass
+class BatchWindow(Generic[T]):
+    max_jobs: int
+    timeout_s: float
+    max_tokens: int
+    clock: Callable[[], float] = time.time
+    items: list[BatchItem[T]] = field(default_factory=list)
+    deadline: float | None = None
+    tokens: int = 0
+    full: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_jobs < 1:
+            raise ValueError(f"max_jobs must be >= 1, got {self.max_jobs}")
+        if self.timeout_s < 0:
+            raise ValueError(f"timeout_s must be >= 0, got {self.timeout_s}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+
+    def offer(self, item: BatchItem[T], *, arrived_at: float | None = None) -> bool:
+        """Add `item` if it fits. A job larger than the whole token budget is still taken when
+        the window is empty: it runs alone rather than never (TEI#723)."""
+        if self.items and (
+            len(self.items) >= self.max_jobs or self.tokens + item.tokens > self.max_tokens
+        ):
+            self.full = True
+            return False
+        if not self.items:
+            start = self.clock() if arrived_at is None else arrived_at
+            self.deadline = start + self.timeout_s
+        self.items.append(item)
+        self.tokens += item.tokens
+        if len(self.items) >= self.max_jobs or self.tokens >= self.max_tokens:
+            self.full = True
+        return True
+
+    @property
+    def has_realtime(self) -> bool:
+        return any(item.realtime for item in self.items)
+
+    def remaining_s(self) -> float:
+        if self.deadline is None:
+            return self.timeout_s
+        return max(0.0, self.deadline - self.clock())
+
+    def should_close(self) -> bool:
+        """True when waiting for more jobs can no longer help this batch."""
+        if not self.items:
+            return False
+        return self.full or self.has_realtime or self.remaining_s() <= 0.0
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def values(self) -> list[T]:
+        return [item.value for item in self.items]

@@ -1,0 +1,165 @@
+"""What every inference engine shares: model location, device choice, batching knobs, padding."""
+
+from __future__ import annotations
+
+import abc
+import importlib
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+# Workers have no network: never let transformers/huggingface_hub try to reach the Hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402  (after the offline switches, which are read at import time)
+
+from inference.bucketing import plan_length_buckets  # noqa: E402
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_PREFIX = "package:"
+FIXTURES_MAKE_TARGET = "make fixtures"
+
+
+def resolve_model_path(model_ref: str) -> Path:
+    """Turn a model_ref into the folder holding config + weights + tokenizer.
+
+    `package:<name>` imports that package and uses its `MODEL_DIR` (else `<package>/model`);
+    anything else is a folder, relative paths being relative to the project root.
+    """
+    if model_ref.startswith(PACKAGE_PREFIX):
+        package_name = model_ref[len(PACKAGE_PREFIX) :].strip()
+        try:
+            package = importlib.import_module(package_name)
+        except ImportError as exc:
+            raise FileNotFoundError(
+                f"model_ref {model_ref!r}: Python package {package_name!r} is not installed."
+            ) from exc
+        model_dir = getattr(package, "MODEL_DIR", None)
+        if model_dir is None:
+            model_dir = Path(package.__file__).resolve().parent / "model"
+        path = Path(model_dir)
+    else:
+        path = Path(model_ref).expanduser()
+        if not path.is_absolute():
+            path = PROJECT_ROOT / path
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model_ref {model_ref!r}: no model folder with a config.json at {path}. "
+            f"Fixture models under fixtures/models/ are built by `{FIXTURES_MAKE_TARGET}`."
+        )
+    return path
+
+
+def pick_device(requested: str | None) -> str:
+    """The device to run on: the requested one, else CUDA when present, else CPU."""
+    if requested:
+        return requested
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def encoder_max_length(model_path: Path, tokenizer: Any, config: Any) -> int:
+    """Longest input an encoder should see, in tokens (special tokens included).
+
+    sentence-transformers models state theirs in sentence_bert_config.json (256 for MiniLM,
+    which was trained at that length); otherwise trust the tokenizer, capped by the position
+    table and by 512 (tokenizers without a limit report a huge sentinel value).
+    """
+    sbert_config = model_path / "sentence_bert_config.json"
+    if sbert_config.is_file():
+        max_seq_length = json.loads(sbert_config.read_text()).get("max_seq_length")
+        if max_seq_length:
+            return int(max_seq_length)
+    limits = [512, int(tokenizer.model_max_length)]
+    max_positions = getattr(config, "max_position_embeddings", None)
+    if max_positions:
+        limits.append(int(max_positions))
+    return min(limits)
+
+
+def pad_token_rows(
+    rows: Sequence[dict[str, list[int]]],
+    *,
+    pad_token_id: int,
+    side: str = "right",
+    device: str | torch.device = "cpu",
+) -> dict[str, torch.Tensor]:
+    """Pad already-tokenized rows into tensors (input_ids, attention_mask, token_type_ids).
+
+    Done by hand rather than with tokenizer.pad so each text is tokenized once per batch:
+    lengths for bucketing and model inputs come from the same encoding.
+    """
+    if side not in ("left", "right"):
+        raise ValueError(f"side must be 'left' or 'right', not {side!r}")
+
+    def pad(values: list[int], fill: int, pad_value: int) -> list[int]:
+        padding = [pad_value] * fill
+        return padding + list(values) if side == "left" else list(values) + padding
+
+    longest = max(len(row["input_ids"]) for row in rows)
+    with_token_types = "token_type_ids" in rows[0]
+    padded: dict[str, list[list[int]]] = {"input_ids": [], "attention_mask": []}
+    if with_token_types:
+        padded["token_type_ids"] = []
+    for row in rows:
+        length = len(row["input_ids"])
+        fill = longest - length
+        padded["input_ids"].append(pad(row["input_ids"], fill, pad_token_id))
+        padded["attention_mask"].append(pad([1] * length, fill, 0))
+        if with_token_types:
+            padded["token_type_ids"].append(pad(row["token_type_ids"], fill, 0))
+    return {
+        name: torch.tensor(values, dtype=torch.long, device=device)
+        for name, values in padded.items()
+    }
+
+
+class Engine(abc.ABC):
+    """A loaded model that runs a list of job payloads together.
+
+    Subclasses load their tokenizer + model in __init__ from `self.model_path`, on
+    `self.device`, and implement count_tokens and run_batch.
+    """
+
+    kind: ClassVar[str]
+    model_ref: str
+    device: str
+    model_path: Path
+
+    # Batching knobs (instance attributes may override them, e.g. in tests or benchmarks).
+    # Padding ratio: how much of a forward pass may be padding before a new bucket is cheaper.
+    max_padding_ratio: float = 0.25
+    # Rows and padded tokens per forward pass bound activation memory.
+    max_batch_rows: int | None = 64
+    max_batch_tokens: int | None = 16384
+
+    def __init__(self, model_ref: str, *, device: str | None = None):
+        self.model_ref = model_ref
+        self.model_path = resolve_model_path(model_ref)
+        self.device = pick_device(device)
+
+    @property
+    def uses_cuda(self) -> bool:
+        return torch.device(self.device).type == "cuda"
+
+    @abc.abstractmethod
+    def count_tokens(self, payload: dict) -> int:
+        """Tokens this job puts through the model (special tokens included, no padding)."""
+
+    @abc.abstractmethod
+    def run_batch(self, payloads: list[dict]) -> list[dict]:
+        """Run the jobs together; one result per payload, in the same order."""
+
+    def plan_buckets(self, lengths: Sequence[int]) -> list[list[int]]:
+        """Groups of unit indices to run as one padded forward pass each."""
+        return plan_length_buckets(
+            lengths,
+            max_items=self.max_batch_rows,
+            max_padding_ratio=self.max_padding_ratio,
+            max_tokens=self.max_batch_tokens,
+        )
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.model_ref!r} on {self.device}>"

@@ -1,0 +1,124 @@
+"""Validation of job inputs per service kind, with errors that name the offending field.
+
+Plain Python so the REST API, the bulk splitter and management commands share one definition.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+MAX_TEXT_CHARS = 20_000
+MAX_PROMPT_CHARS = 50_000
+MAX_GENERATION_TOKENS = 2048
+
+
+class InputError(ValueError):
+    """Bad job input. `field` is the dotted path of the offending field, e.g. `input.texts[2]`."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def _require_dict(value: Any, field: str) -> dict:
+    if not isinstance(value, dict):
+        raise InputError(field, "must be a JSON object.")
+    return value
+
+
+def _string_list(value: Any, field: str, *, max_items: int, max_chars: int) -> list[str]:
+    if value is None:
+        raise InputError(field, "is required.")
+    if not isinstance(value, list):
+        raise InputError(field, "must be a list of strings.")
+    if not value:
+        raise InputError(field, "must not be empty.")
+    if len(value) > max_items:
+        raise InputError(field, f"has {len(value)} items; at most {max_items} are allowed.")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not item.strip():
+            raise InputError(f"{field}[{i}]", "must be a non-empty string.")
+        if len(item) > max_chars:
+            raise InputError(f"{field}[{i}]", f"is longer than {max_chars} characters.")
+    return value
+
+
+def _reject_unknown(payload: dict, allowed: set[str], field: str) -> None:
+    unknown = sorted(set(payload) - allowed)
+    if unknown:
+        raise InputError(f"{field}.{unknown[0]}", "is not a known field.")
+
+
+def validate_embedding(payload: Any, *, max_items: int, field: str = "input") -> dict:
+    payload = _require_dict(payload, field)
+    _reject_unknown(payload, {"texts", "normalize"}, field)
+    texts = _string_list(
+        payload.get("texts"), f"{field}.texts", max_items=max_items, max_chars=MAX_TEXT_CHARS
+    )
+    clean: dict[str, Any] = {"texts": texts}
+    if "normalize" in payload:
+        if not isinstance(payload["normalize"], bool):
+            raise InputError(f"{field}.normalize", "must be true or false.")
+        clean["normalize"] = payload["normalize"]
+    return clean
+
+
+def validate_reranker(payload: Any, *, max_items: int, field: str = "input") -> dict:
+    payload = _require_dict(payload, field)
+    _reject_unknown(payload, {"query", "documents", "top_n"}, field)
+    query = payload.get("query")
+    if not isinstance(query, str) or not query.strip():
+        raise InputError(f"{field}.query", "must be a non-empty string.")
+    if len(query) > MAX_TEXT_CHARS:
+        raise InputError(f"{field}.query", f"is longer than {MAX_TEXT_CHARS} characters.")
+    documents = _string_list(
+        payload.get("documents"),
+        f"{field}.documents",
+        max_items=max_items,
+        max_chars=MAX_TEXT_CHARS,
+    )
+    clean: dict[str, Any] = {"query": query, "documents": documents}
+    top_n = payload.get("top_n")
+    if top_n is not None:
+        if isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1:
+            raise InputError(f"{field}.top_n", "must be a positive integer.")
+        clean["top_n"] = top_n
+    return clean
+
+
+def validate_llm(payload: Any, *, max_items: int, field: str = "input") -> dict:
+    payload = _require_dict(payload, field)
+    _reject_unknown(payload, {"prompt", "max_tokens", "temperature"}, field)
+    prompt = payload.get("prompt")
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise InputError(f"{field}.prompt", "must be a non-empty string.")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise InputError(f"{field}.prompt", f"is longer than {MAX_PROMPT_CHARS} characters.")
+    max_tokens = payload.get("max_tokens", 64)
+    if (
+        isinstance(max_tokens, bool)
+        or not isinstance(max_tokens, int)
+        or not 1 <= max_tokens <= MAX_GENERATION_TOKENS
+    ):
+        raise InputError(
+            f"{field}.max_tokens", f"must be an integer from 1 to {MAX_GENERATION_TOKENS}."
+        )
+    temperature = payload.get("temperature", 0.0)
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float):
+        raise InputError(f"{field}.temperature", "must be a number from 0 to 2.")
+    if not 0.0 <= float(temperature) <= 2.0:
+        raise InputError(f"{field}.temperature", "must be a number from 0 to 2.")
+    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": float(temperature)}
+
+
+VALIDATORS: dict[str, Callable[..., dict]] = {
+    "embedding": validate_embedding,
+    "reranker": validate_reranker,
+    "llm": validate_llm,
+}
+
+
+def validate_input(kind: str, payload: Any, *, max_items: int, field: str = "input") -> dict:
+    return VALIDATORS[kind](payload, max_items=max_items, field=field)

@@ -1,0 +1,244 @@
+"""Tenants, their API keys, services with runtime settings, and jobs: the record of truth."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.utils import timezone
+
+from inference.tiers import PLAN_BOOST, Plan, Tier
+
+
+class Tenant(models.Model):
+    name = models.CharField(max_length=120, unique=True)
+    plan = models.CharField(max_length=16, choices=Plan.choices, default=Plan.FREE)
+    default_tier = models.CharField(
+        "default priority tier",
+        max_length=16,
+        choices=Tier.choices,
+        default=Tier.API,
+        help_text="Used when a job does not name a priority.",
+    )
+    active = models.BooleanField(default=True, help_text="Inactive tenants cannot authenticate.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    # DRF treats the authenticated principal as request.user.
+    is_authenticated = True
+
+    @property
+    def plan_boost(self) -> int:
+        return PLAN_BOOST[self.plan]
+
+
+class ApiKeyManager(models.Manager["ApiKey"]):
+    def issue(self, tenant: Tenant, label: str = "default") -> tuple[ApiKey, str]:
+        """Create a key and return it with its plaintext, which is never stored or shown again."""
+        plaintext = "rq_" + secrets.token_urlsafe(32)
+        key = self.create(
+            tenant=tenant, label=label, prefix=plaintext[:10], hashed_key=ApiKey.hash(plaintext)
+        )
+        return key, plaintext
+
+    def authenticate(self, plaintext: str) -> ApiKey | None:
+        try:
+            return self.select_related("tenant").get(
+                hashed_key=ApiKey.hash(plaintext), revoked=False, tenant__active=True
+            )
+        except ApiKey.DoesNotExist:
+            return None
+
+
+class ApiKey(models.Model):
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    label = models.CharField(max_length=80, default="default")
+    prefix = models.CharField(max_length=12, help_text="First characters, to recognise a key.")
+    # SHA-256, not a slow password hash: keys are 256-bit random, so brute force is moot, and a
+    # unique index on the digest makes every authenticated request a single indexed lookup.
+    hashed_key = models.CharField(max_length=64, unique=True, editable=False)
+    revoked = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = ApiKeyManager()
+
+    def __str__(self) -> str:
+        return f"{self.prefix}… ({self.tenant})"
+
+    @staticmethod
+    def hash(plaintext: str) -> str:
+        return hashlib.sha256(plaintext.encode()).hexdigest()
+
+
+class ServiceKind(models.TextChoices):
+    EMBEDDING = "embedding", "Embedding"
+    RERANKER = "reranker", "Reranker"
+    LLM = "llm", "LLM"
+
+
+class Service(models.Model):
+    """A named inference service and its runtime settings (the seed config.yaml `runtime:`)."""
+
+    name = models.SlugField(max_length=60, unique=True, help_text="Also the queue name prefix.")
+    kind = models.CharField(max_length=16, choices=ServiceKind.choices)
+    model_ref = models.CharField(
+        max_length=300,
+        help_text="package:<python package> or a folder path (relative to the project root).",
+    )
+    normalize_embeddings = models.BooleanField(
+        default=True, help_text="Embedding services: L2-normalise vectors."
+    )
+    batch_size = models.PositiveIntegerField(default=32, validators=[MinValueValidator(1)])
+    batch_timeout = models.FloatField(
+        default=0.01,
+        validators=[MinValueValidator(0.0)],
+        help_text="Seconds a batch may wait for more jobs after its first job arrived.",
+    )
+    max_total_tokens = models.PositiveIntegerField(
+        default=16384, help_text="Token budget of one batch (model tokenizer count)."
+    )
+    max_queue_size = models.PositiveIntegerField(
+        default=500, help_text="Queued jobs above this are refused with 503 and Retry-After."
+    )
+    worker_count = models.PositiveIntegerField(default=1)
+    queue_timeout = models.FloatField(
+        default=0.5, help_text="Seconds a realtime/api job may wait before it expires."
+    )
+    inference_timeout = models.FloatField(default=2.0, help_text="Seconds for one forward pass.")
+    total_timeout = models.FloatField(
+        default=3.0, help_text="Seconds from submission to result for realtime/api jobs."
+    )
+    rate_limit = models.PositiveIntegerField(
+        default=100, help_text="Jobs per second accepted per tenant for this service (0 = none)."
+    )
+    enable_cache = models.BooleanField(
+        default=False, help_text="Serve identical inputs from earlier results."
+    )
+    max_items_per_job = models.PositiveIntegerField(
+        default=256,
+        validators=[MaxValueValidator(100_000)],
+        help_text="Most texts/documents one job may carry.",
+    )
+    active = models.BooleanField(default=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    RUNTIME_FIELDS = (
+        "batch_size",
+        "batch_timeout",
+        "max_total_tokens",
+        "max_queue_size",
+        "worker_count",
+        "queue_timeout",
+        "inference_timeout",
+        "total_timeout",
+        "rate_limit",
+        "enable_cache",
+    )
+
+    def runtime(self) -> dict:
+        return {field: getattr(self, field) for field in self.RUNTIME_FIELDS}
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    EXPIRED = "expired", "Expired"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+TERMINAL_STATUSES = (
+    JobStatus.SUCCEEDED,
+    JobStatus.FAILED,
+    JobStatus.EXPIRED,
+    JobStatus.CANCELLED,
+)
+
+
+class Job(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
+    service = models.ForeignKey(Service, on_delete=models.PROTECT, related_name="jobs")
+    tier = models.CharField(max_length=16, choices=Tier.choices)
+    message_priority = models.PositiveSmallIntegerField(
+        default=0, help_text="AMQP priority inside the tier queue (the plan boost)."
+    )
+    status = models.CharField(
+        max_length=16, choices=JobStatus.choices, default=JobStatus.QUEUED, db_index=True
+    )
+    input = models.JSONField()
+    result = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True, default="")
+    created_at = models.DateTimeField(default=timezone.now, db_index=True)
+    published_at = models.DateTimeField(
+        null=True, blank=True, help_text="When RabbitMQ confirmed the dispatch message."
+    )
+    claimed_at = models.DateTimeField(
+        null=True, blank=True, help_text="When a worker claimed the job (its batch opened)."
+    )
+    started_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the forward pass that ran the job began."
+    )
+    finished_at = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)
+    # Set by the claim; only the holder of the current token may store the outcome, so a
+    # worker that lost its claim (redelivery after a connection loss) cannot overwrite it.
+    claim_token = models.UUIDField(null=True, blank=True, editable=False)
+    worker = models.CharField(max_length=200, blank=True, default="")
+    inference_ms = models.FloatField(null=True, blank=True)
+    batch_size = models.PositiveIntegerField(
+        null=True, blank=True, help_text="How many jobs shared this job's forward pass."
+    )
+    input_tokens = models.PositiveIntegerField(null=True, blank=True)
+    input_hash = models.CharField(
+        max_length=64, blank=True, default="", help_text="SHA-256 of the input, for the cache."
+    )
+    cached = models.BooleanField(default=False, help_text="Answered from an earlier result.")
+    # Bulk jobs: the parent holds the whole input and the assembled result; its pieces are
+    # ordinary jobs (so they share the claim/batch path) run as one Celery chord.
+    is_bulk = models.BooleanField(default=False)
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="pieces"
+    )
+    piece_index = models.PositiveIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"]),
+            models.Index(fields=["service", "status"]),
+            models.Index(fields=["service", "input_hash", "status"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.service_id}:{self.id}"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    @property
+    def queue_wait_ms(self) -> float | None:
+        if self.started_at is None:
+            return None
+        return (self.started_at - self.created_at).total_seconds() * 1000
+
+    @property
+    def total_ms(self) -> float | None:
+        if self.finished_at is None:
+            return None
+        return (self.finished_at - self.created_at).total_seconds() * 1000

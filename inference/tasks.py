@@ -1,0 +1,71 @@
+"""Celery tasks: thin wrappers over the batch runner and the sweeps."""
+
+from __future__ import annotations
+
+from celery import shared_task
+from celery.signals import worker_process_init, worker_process_shutdown
+
+from inference.batch_runner import BatchRunner
+from inference.bulk import fail_bulk, finish_bulk, requeue_failed_piece
+from inference.sweeps import sweep_jobs
+from inference.tier_reader import TierQueueReader
+from inference.tiers import Tier
+from inference.warmup import warm_engines_for_consumed_queues
+from renq_site.celery import app
+
+_readers: dict[str, TierQueueReader] = {}
+
+
+def _reader(service_name: str) -> TierQueueReader:
+    """One reader (one broker channel) per service per worker process."""
+    if service_name not in _readers:
+        _readers[service_name] = TierQueueReader(
+            app.connection_for_read(),
+            service_name,
+            queue_factory=lambda name: app.amqp.queues[name],
+        )
+    return _readers[service_name]
+
+
+_runner = BatchRunner(_reader)
+
+
+@shared_task(name="inference.run_job", bind=True)
+def run_job(self, job_id: str) -> dict:
+    info = self.request.delivery_info or {}
+    tier = (info.get("routing_key") or "").rsplit(".", 1)[-1]
+    report = _runner.run(
+        job_id,
+        seed_redelivered=bool(info.get("redelivered")),
+        seed_tier=tier if tier in Tier.values else None,
+    )
+    # A failed piece of a bulk job (a chord member) is retried alone, not the whole bulk.
+    if report["seed_failed"] and self.request.chord and requeue_failed_piece(job_id):
+        raise self.retry(countdown=1, max_retries=None)
+    return report
+
+
+@shared_task(name="inference.finish_bulk")
+def finish_bulk_task(parent_id: str) -> str:
+    return finish_bulk(parent_id)
+
+
+@shared_task(name="inference.fail_bulk")
+def fail_bulk_task(parent_id: str) -> None:
+    fail_bulk(parent_id)
+
+
+@shared_task(name="inference.sweep")
+def sweep() -> dict:
+    return sweep_jobs()
+
+
+@worker_process_init.connect
+def _warm_worker_process(**_kwargs) -> None:
+    warm_engines_for_consumed_queues()
+
+
+@worker_process_shutdown.connect
+def _close_readers(**_kwargs) -> None:
+    while _readers:
+        _readers.popitem()[1].close()

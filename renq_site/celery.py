@@ -1,0 +1,42 @@
+"""The Celery app. Reliability settings follow ../shared/notes/celery-rabbitmq-pitfalls.md."""
+
+import os
+
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
+
+app = Celery("renq_site")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.update(
+    # A message is acked only after the job's outcome is stored; a SIGKILLed/OOM-killed child
+    # gives its message back to RabbitMQ instead of losing it (celery#1628).
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    # One unacked message per consumer: anything prefetched is out of RabbitMQ's priority order.
+    worker_prefetch_multiplier=1,
+    # Without confirms RabbitMQ may drop publishes silently under memory/disk alarms (celery#5410).
+    broker_transport_options={"confirm_publish": True},
+    broker_connection_retry_on_startup=True,
+    # Queues the worker creates from -Q get the same arguments as the ones we declare on publish;
+    # a mismatch would be a 406 PRECONDITION_FAILED.
+    task_queue_max_priority=3,
+    task_default_priority=0,
+    task_default_queue=os.environ.get("RENQ_QUEUE_PREFIX", "") + "renq.control",
+    worker_cancel_long_running_tasks_on_connection_loss=True,
+    # Hard limit far below RabbitMQ's consumer_timeout (30 min) so the channel is never closed
+    # under a running batch (celery#6760).
+    task_time_limit=300,
+    task_soft_time_limit=240,
+    task_ignore_result=True,
+    result_expires=3600,
+    # Flower needs events.
+    worker_send_task_events=True,
+    task_send_sent_event=True,
+    task_serializer="json",
+    accept_content=["json"],
+    timezone="UTC",
+    # The sweep republishes unconfirmed jobs and recovers claims of dead workers.
+    beat_schedule={"sweep-jobs": {"task": "inference.sweep", "schedule": 30.0}},
+)
+app.autodiscover_tasks()

@@ -1,0 +1,111 @@
+"""renq settings. Everything that differs between machines comes from the environment."""
+
+import os
+from pathlib import Path
+
+import dj_database_url
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+
+def env_bool(name: str, default: bool) -> bool:
+    return os.environ.get(name, str(default)).strip().lower() in {"1", "true", "yes", "on"}
+
+
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "renq-dev-only-not-secret")
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "inference",
+    "routing",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "renq_site.urls"
+WSGI_APPLICATION = "renq_site.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/renq"),
+        # Health checks instead of long-lived blind reuse: a worker must survive a Postgres
+        # restart without "connection already closed" (celery#2996).
+        conn_max_age=60,
+        conn_health_checks=True,
+    )
+}
+DATABASES["default"]["TEST"] = {"NAME": os.environ.get("RENQ_TEST_DATABASE", "renq_test")}
+
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+USE_TZ = True
+TIME_ZONE = "UTC"
+LANGUAGE_CODE = "en-us"
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["inference.auth.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "inference.api.errors.renq_exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "renq API",
+    "DESCRIPTION": "Submit inference jobs to renq's priority queues and read their results.",
+    "VERSION": "1",
+}
+
+# --- Celery / RabbitMQ -------------------------------------------------------------------
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672//")
+# Redis counts chord members natively (no chord_unlock polling, unlike rpc:// or the DB backend).
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", "redis://127.0.0.1:6379/0")
+# Queue names are "<prefix><service>.<tier>"; tests use their own prefix so they never
+# consume or purge the demo's queues on the same broker.
+RENQ_QUEUE_PREFIX = os.environ.get("RENQ_QUEUE_PREFIX", "")
+# Shared state between workers (rate limits, queue-depth stats).
+RENQ_REDIS_URL = os.environ.get("RENQ_REDIS_URL", "redis://127.0.0.1:6379/1")
+# A job whose worker died is retried this many times in all before it is failed (poison pill).
+RENQ_MAX_ATTEMPTS = int(os.environ.get("RENQ_MAX_ATTEMPTS", "3"))
+# Where the worker's model files live when a model_ref is relative.
+RENQ_DEVICE = os.environ.get("RENQ_DEVICE") or None
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("RENQ_LOG_LEVEL", "INFO")},
+}

