@@ -1,0 +1,192 @@
+"""The fallback cascade: after a failed attempt, the next backend or the job's failure.
+
+Each backend tries a job at most once (litellm#19985: fallbacks that reset the retry cycle call
+models again and again), so a cascade always ends. An error that retrying cannot fix (the
+upstream said the input is bad: 400/413/422) ends it at once. A job fails only when no untried,
+healthy backend is left, and its `error` then lists every attempt's reason.
+
+Handing a job on is the same move wherever the failure happened (a GPU worker's batch or an
+I/O worker's HTTP call): under the claim token, the job goes back to `queued` with its new
+backend recorded, and one message is published to that backend's queue after commit. The
+next worker claims it afresh, so a duplicate message never runs it twice.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import replace
+
+from django.db import transaction
+from django.utils import timezone
+
+from inference.admission import shared_redis
+from inference.claims import Outcome, store_outcomes
+from inference.models import Job, JobStatus
+from routing.backends.base import BackendError, LocalEngineError
+from routing.breaker import CircuitBreaker
+from routing.capacity import record_local_batch
+from routing.dispatch import publish_to_backend_on_commit, record_decision
+from routing.models import AttemptOutcome, Backend, JobAttempt, JobRoute
+from routing.router import Router
+
+
+def is_final(error: BackendError) -> bool:
+    """True when no other backend could do better (the job's input was rejected)."""
+    return not error.retryable
+
+
+def failure_message(job: Job, *, skipped: Sequence[str] = (), final: bool = False) -> str:
+    attempts = (
+        JobAttempt.objects.filter(job=job).select_related("backend").order_by("started_at", "id")
+    )
+    reasons = [f"{a.backend.name}: {a.error or a.outcome}" for a in attempts]
+    reasons.extend(skipped)
+    head = (
+        "the upstream rejected the input (not retryable)"
+        if final
+        else f"every backend failed ({len(reasons)})"
+    )
+    return f"{head}: " + "; ".join(reasons)
+
+
+def continue_cascade(
+    job: Job,
+    claim_token: uuid.UUID,
+    failed: Backend,
+    error: BackendError,
+    *,
+    router: Router | None = None,
+) -> str | None:
+    """Call after the failed attempt is recorded. Hands the job to the next fallback and
+    returns None, or returns the error the caller must fail the job with."""
+    if is_final(error):
+        return failure_message(job, final=True)
+    tried = set(JobAttempt.objects.filter(job=job).values_list("backend_id", flat=True))
+    decision, skipped = (router or Router()).fallback_after(job, failed, tried)
+    if decision is None:
+        return failure_message(job, skipped=skipped)
+    with transaction.atomic():
+        handed_on = Job.objects.filter(
+            pk=job.pk, claim_token=claim_token, status=JobStatus.RUNNING
+        ).update(
+            status=JobStatus.QUEUED,
+            claim_token=None,
+            claimed_at=None,
+            started_at=None,
+            published_at=None,
+            worker="",
+        )
+        if not handed_on:
+            return None  # the claim was taken over: its new holder decides
+        record_decision(job, decision)
+        publish_to_backend_on_commit(job, decision.backend)
+    return None
+
+
+def record_attempt(
+    job: Job,
+    backend: Backend,
+    *,
+    started_at,
+    outcome: str,
+    error: str = "",
+    status_code: int | None = None,
+    input_tokens: int = 0,
+    output_tokens: int = 0,
+    worker: str = "",
+) -> JobAttempt:
+    return JobAttempt.objects.create(
+        job=job,
+        backend=backend,
+        started_at=started_at,
+        finished_at=timezone.now(),
+        outcome=outcome,
+        status_code=status_code,
+        error=error[:4000],
+        input_tokens=input_tokens,
+        output_tokens=output_tokens,
+        cost=backend.cost_of(input_tokens, output_tokens),
+        worker=worker[:200],
+    )
+
+
+def _output_tokens(result: dict | None) -> int:
+    usage = (result or {}).get("usage") or {}
+    return int(usage.get("completion_tokens") or 0)
+
+
+def settle_local_outcomes(token: uuid.UUID, outcomes: Sequence[Outcome]) -> list[Outcome]:
+    """The GPU worker's hook, once per claim token of a batch, before storing outcomes.
+
+    Records the local throughput; for jobs that went through a route, records their local
+    attempts in one query and hands failed ones to the next fallback. Returns the outcomes the
+    worker must still store: all of them for unrouted jobs, none for jobs handed on, and for
+    routed jobs whose cascade ended, a failure listing every reason.
+    """
+    if not outcomes:
+        return []
+    ran = [o for o in outcomes if o.result is not None and o.inference_ms]
+    if ran:
+        record_local_batch(
+            ran[0].job.service.name, ran[0].batch_size or len(ran), ran[0].inference_ms / 1000
+        )
+    routed = dict(
+        JobRoute.objects.filter(job_id__in=[o.job.pk for o in outcomes]).values_list(
+            "job_id", "backend_id"
+        )
+    )
+    if not routed:
+        return list(outcomes)
+    now = timezone.now()
+    JobAttempt.objects.bulk_create(
+        JobAttempt(
+            job=o.job,
+            backend_id=routed[o.job.pk],
+            started_at=o.started_at or o.job.claimed_at or now,
+            finished_at=now,
+            outcome=AttemptOutcome.SUCCEEDED if o.result is not None else AttemptOutcome.FAILED,
+            error=o.error[:4000],
+            input_tokens=o.tokens or 0,
+            output_tokens=_output_tokens(o.result),
+            worker=o.job.worker,
+        )
+        for o in outcomes
+        if o.job.pk in routed
+    )
+    failed = [o for o in outcomes if o.result is None and o.job.pk in routed]
+    keep = [o for o in outcomes if o.result is not None or o.job.pk not in routed]
+    if not failed:
+        return keep
+    backends = Backend.objects.in_bulk({routed[o.job.pk] for o in failed})
+    if len(failed) == len(outcomes):
+        # Every job failed: the local backend itself is unwell (a single bad input is not).
+        breaker = CircuitBreaker(shared_redis())
+        for backend in backends.values():
+            breaker.record_failure(backend)
+    router = Router()
+    for outcome in failed:
+        error = continue_cascade(
+            outcome.job,
+            token,
+            backends[routed[outcome.job.pk]],
+            LocalEngineError(outcome.error),
+            router=router,
+        )
+        if error is not None:
+            keep.append(replace(outcome, error=error))
+    return keep
+
+
+def fail_over_local_error(token: uuid.UUID, job: Job, exc: Exception) -> bool:
+    """The local backend could not even start on `job` (e.g. its model failed to load).
+    Returns False for an unrouted job (the caller keeps its old behaviour); otherwise the job
+    was handed on or failed with every reason."""
+    if not JobRoute.objects.filter(job=job).exists():
+        return False
+    outcomes = settle_local_outcomes(
+        token, [Outcome(job=job, error=f"{type(exc).__name__}: {exc}")]
+    )
+    if outcomes:
+        store_outcomes(token, outcomes)
+    return True

@@ -1,0 +1,284 @@
+"""Which backend runs a job: `Router.choose(job) -> RoutingDecision`.
+
+1. Candidates: the route's enabled backends that can serve the job (service kind, estimated
+   tokens ≤ max_context_tokens) and are healthy (not cooling down after a 429, breaker not
+   open, rate-limit headroom left, upstream's remaining quota not 0).
+2. Capacity-aware spill-over: the local backend wins whenever its predicted wait meets the
+   job's tier target (`routing.capacity`); cheap local GPU first. Only when it would break the
+   target does the job go to the cloud, so realtime spills under a backlog and offline waits.
+3. Among cloud candidates the lowest score wins:
+
+       score = expected_latency_s × (1 + HEADROOM_PENALTY × (1 − headroom))
+               + expected_cost_usd × SECONDS_PER_USD
+
+   expected_latency_s is the moving average of real calls (until measured: the fastest
+   measured backend's, so new backends get tried), headroom
+   the smallest share left of the backend's rpm/tpm window (1 untouched, 0 refused), and the
+   cost is the job's estimated tokens at the backend's prices.
+4. A/B: entries sharing the winner's `order` form a group, split by `weight` with a shared
+   counter in Redis (a low-discrepancy sequence), so the split is exact across all web
+   processes rather than random. Weight 0 takes a variant out (rollback) but keeps it as a
+   fallback.
+
+The cascade (`routing.cascade`) uses `fallback_after` for the next backend after a failure:
+the next untried, healthy entry at the same or a later order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from inference.admission import shared_redis
+from inference.models import Job, Service
+from routing.breaker import CircuitBreaker
+from routing.capacity import LocalWait, predict_local_wait
+from routing.limits import RateLimitTracker
+from routing.models import Backend, Route, RouteEntry
+from routing.stats import measured_latency_s
+
+# A backend at the end of its rate window looks this much slower (×2 at 0 headroom).
+HEADROOM_PENALTY = 1.0
+# How many seconds of latency one dollar is worth: $0.001 per job weighs like 1 s.
+SECONDS_PER_USD = 1000.0
+# Latency assumed when no cloud backend of the route has been measured yet.
+PRIOR_CLOUD_LATENCY_S = 0.5
+# Rough tokens per character for estimates before a tokenizer has seen the input.
+CHARS_PER_TOKEN = 4
+# Golden-ratio step of the A/B sequence: n × φ mod 1 spreads picks evenly for any weights.
+_GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+def estimate_tokens(service_kind: str, payload: dict) -> tuple[int, int]:
+    """(input, output) tokens, estimated from characters; for limits, costs and context."""
+    if service_kind == "embedding":
+        chars = sum(len(t) for t in payload.get("texts", []))
+        return max(1, chars // CHARS_PER_TOKEN), 0
+    if service_kind == "reranker":
+        query = len(payload.get("query", ""))
+        chars = sum(query + len(d) for d in payload.get("documents", []))
+        return max(1, chars // CHARS_PER_TOKEN), 0
+    chars = len(payload.get("prompt", ""))
+    return max(1, chars // CHARS_PER_TOKEN), int(payload.get("max_tokens", 64))
+
+
+@dataclass
+class Candidate:
+    entry: RouteEntry
+    available: bool = True
+    why_not: str = ""
+    headroom: float = 1.0
+    latency_s: float = 0.0
+    measured_latency_s: float | None = None
+    cost_usd: float = 0.0
+    score: float | None = None
+
+    @property
+    def backend(self) -> Backend:
+        return self.entry.backend
+
+
+@dataclass
+class RoutingDecision:
+    backend: Backend | None
+    reason: str
+    predicted_local_wait_s: float | None = None
+    scores: dict[str, float] = field(default_factory=dict)
+
+
+def route_entries(service: Service) -> list[RouteEntry]:
+    """The service's enabled route, in cascade order; [] when it has none."""
+    return list(
+        RouteEntry.objects.filter(
+            route__service=service, route__enabled=True, backend__enabled=True
+        )
+        .select_related("backend", "route")
+        .order_by("order", "id")
+    )
+
+
+def has_route(service: Service) -> bool:
+    return Route.objects.filter(service=service, enabled=True).exists()
+
+
+class Router:
+    def __init__(
+        self,
+        *,
+        limits: RateLimitTracker | None = None,
+        breaker: CircuitBreaker | None = None,
+    ):
+        client = shared_redis()
+        self.limits = limits or RateLimitTracker(client)
+        self.breaker = breaker or CircuitBreaker(client)
+
+    # --- health and scores ----------------------------------------------------------------
+
+    def assess(self, entry: RouteEntry, job: Job, tokens: tuple[int, int]) -> Candidate:
+        backend = entry.backend
+        candidate = Candidate(entry)
+        if not backend.can_serve(job.service.kind, sum(tokens)):
+            candidate.available = False
+            candidate.why_not = f"cannot serve {job.service.kind} jobs of ~{sum(tokens)} tokens"
+            return candidate
+        state = self.breaker.peek(backend)
+        if not state.allowed:
+            candidate.available = False
+            candidate.why_not = f"circuit breaker {state.state}"
+            return candidate
+        if backend.is_local:
+            return candidate
+        status = self.limits.status(backend)
+        if status.cooling_down:
+            candidate.available = False
+            candidate.why_not = (
+                f"cooling down after 429 for {status.cooldown_until - status.now:.1f} s more"
+            )
+            return candidate
+        candidate.headroom = self.limits.headroom(backend, sum(tokens))
+        if candidate.headroom <= 0:
+            candidate.available = False
+            candidate.why_not = "rate limit reached (configured rpm/tpm or upstream remaining)"
+            return candidate
+        candidate.measured_latency_s = measured_latency_s(backend.pk)
+        candidate.cost_usd = float(backend.cost_of(*tokens))
+        return candidate
+
+    @staticmethod
+    def score(candidates: Sequence[Candidate]) -> None:
+        """Fill in latency and score of the available cloud candidates. A backend never
+        measured is assumed as fast as the fastest measured one (optimistic, so new backends
+        and backends back from a cooldown get traffic and a measurement)."""
+        cloud = [c for c in candidates if c.available and not c.backend.is_local]
+        known = [c.measured_latency_s for c in cloud if c.measured_latency_s is not None]
+        prior = min(known) if known else PRIOR_CLOUD_LATENCY_S
+        for c in cloud:
+            c.latency_s = c.measured_latency_s if c.measured_latency_s is not None else prior
+            c.score = (
+                c.latency_s * (1 + HEADROOM_PENALTY * (1 - c.headroom))
+                + c.cost_usd * SECONDS_PER_USD
+            )
+
+    def _ab_pick(self, group: Sequence[Candidate], route_id: int, order: int) -> Candidate:
+        weighted = [c for c in group if c.entry.weight > 0]
+        if len(weighted) <= 1:
+            return weighted[0] if weighted else min(group, key=lambda c: c.score or 0.0)
+        total = sum(c.entry.weight for c in weighted)
+        n = shared_redis().incr(f"renq:ab:{route_id}:{order}")
+        point = (n * _GOLDEN) % 1.0 * total
+        for candidate in weighted:
+            point -= candidate.entry.weight
+            if point < 0:
+                return candidate
+        return weighted[-1]
+
+    # --- decisions ------------------------------------------------------------------------
+
+    def choose(self, job: Job) -> RoutingDecision | None:
+        """None when the job's service has no enabled route (it runs locally, as always)."""
+        entries = route_entries(job.service)
+        if not entries:
+            return None
+        tokens = estimate_tokens(job.service.kind, job.input)
+        candidates = [self.assess(entry, job, tokens) for entry in entries]
+        self.score(candidates)
+        scores = {c.backend.name: round(c.score, 6) for c in candidates if c.score is not None}
+        local = next((c for c in candidates if c.backend.is_local), None)
+        wait: LocalWait | None = None
+        local_note = ""
+        if local is not None:
+            wait = predict_local_wait(job.service, job.tier)
+            scores[local.backend.name] = round(wait.wait_s, 6)
+            if local.available and wait.meets_target:
+                return RoutingDecision(
+                    local.backend,
+                    f"local: predicted wait {wait.wait_s:.2f} s ({wait.jobs_ahead} jobs at "
+                    f"{wait.throughput_jobs_s:.1f}/s) meets the {job.tier} target "
+                    f"{wait.target_s:g} s",
+                    wait.wait_s,
+                    scores,
+                )
+            local_note = (
+                f"local {local.why_not}; "
+                if not local.available
+                else f"spill-over: predicted local wait {wait.wait_s:.2f} s ({wait.jobs_ahead} "
+                f"jobs at {wait.throughput_jobs_s:.1f}/s) exceeds the {job.tier} target "
+                f"{wait.target_s:g} s; "
+            )
+        cloud = [c for c in candidates if c.available and not c.backend.is_local]
+        predicted = wait.wait_s if wait is not None else None
+        if cloud:
+            best = min(cloud, key=lambda c: c.score)
+            group = [c for c in cloud if c.entry.order == best.entry.order]
+            chosen = self._ab_pick(group, best.entry.route_id, best.entry.order)
+            split = f"; skipped {_skips(candidates)}" if _skips(candidates) else ""
+            if len(group) > 1:
+                total = sum(c.entry.weight for c in group)
+                split = (
+                    f"; A/B group order {chosen.entry.order}: weight {chosen.entry.weight}/{total}"
+                )
+            return RoutingDecision(
+                chosen.backend,
+                f"{local_note}{chosen.backend.name} scored {chosen.score:.3f} (latency "
+                f"{chosen.latency_s:.3f} s, cost ${chosen.cost_usd:.6f}, headroom "
+                f"{chosen.headroom:.2f}){split}",
+                predicted,
+                scores,
+            )
+        if local is not None and local.available:
+            return RoutingDecision(
+                local.backend,
+                f"{local_note}no cloud backend available ({_skips(candidates)}): waiting for "
+                f"the local workers",
+                predicted,
+                scores,
+            )
+        # Nothing healthy: send it down the cascade from the top; each unavailable backend is
+        # skipped there and the job fails with every reason instead of waiting forever.
+        first = next((c for c in candidates if not c.why_not.startswith("cannot")), None)
+        if first is None:
+            return RoutingDecision(
+                entries[0].backend,
+                f"no backend can serve this job ({_skips(candidates)})",
+                predicted,
+                scores,
+            )
+        return RoutingDecision(
+            first.backend,
+            f"no backend available ({_skips(candidates)}); trying {first.backend.name}",
+            predicted,
+            scores,
+        )
+
+    def fallback_after(
+        self, job: Job, failed: Backend, tried: Collection[int]
+    ) -> tuple[RoutingDecision | None, list[str]]:
+        """The next backend after `failed`: untried, healthy, at the same or a later order.
+        Returns (decision or None, why each skipped backend was skipped)."""
+        entries = route_entries(job.service)
+        tokens = estimate_tokens(job.service.kind, job.input)
+        failed_order = next((e.order for e in entries if e.backend_id == failed.pk), -1)
+        skipped: list[str] = []
+        by_order: dict[int, list[Candidate]] = {}
+        for entry in entries:
+            if entry.order < failed_order or entry.backend_id in tried:
+                continue
+            candidate = self.assess(entry, job, tokens)
+            if not candidate.available:
+                skipped.append(f"{entry.backend.name}: skipped ({candidate.why_not})")
+                continue
+            by_order.setdefault(entry.order, []).append(candidate)
+        if not by_order:
+            return None, skipped
+        order = min(by_order)
+        group = by_order[order]
+        chosen = self._ab_pick(group, group[0].entry.route_id, order)
+        reason = f"fallback after {failed.name} failed: next in cascade is {chosen.backend.name}"
+        if skipped:
+            reason += f" ({'; '.join(skipped)})"
+        return RoutingDecision(chosen.backend, reason, None, {}), skipped
+
+
+def _skips(candidates: Sequence[Candidate]) -> str:
+    return "; ".join(f"{c.backend.name}: {c.why_not}" for c in candidates if not c.available)
