@@ -1,0 +1,153 @@
+"""Starts and stops renq's processes (web, workers, Flower) for the demo and the bench."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+RUN_DIR = ROOT / ".run"
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ProcessGroup:
+    """Child processes with logs under .run/, all stopped on exit (even on Ctrl-C)."""
+
+    def __init__(self, env: dict[str, str] | None = None):
+        RUN_DIR.mkdir(exist_ok=True)
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> Path:
+        log = RUN_DIR / f"{name}.log"
+        self.procs[name] = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env={**self.env, **(env or {})},
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        return log
+
+    def web(self, port: int, workers: int = 2) -> str:
+        self.start(
+            "web",
+            [
+                str(VENV_BIN / "gunicorn"),
+                "renq_site.wsgi",
+                "-b",
+                f"127.0.0.1:{port}",
+                "-w",
+                str(workers),
+                "--threads",
+                "4",
+                "--access-logfile",
+                "-",
+            ],
+        )
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: requests.get(f"{url}/api/schema/", timeout=1).ok, "web server")
+        return url
+
+    def worker(
+        self,
+        name: str,
+        queues: list[str],
+        concurrency: int = 1,
+        threads: int = 0,
+        beat: bool = False,
+        extra: list[str] | None = None,
+    ) -> Path:
+        argv = [
+            str(VENV_BIN / "celery"),
+            "-A",
+            "renq_site",
+            "worker",
+            "-n",
+            f"{name}@%h",
+            "-Q",
+            ",".join(queues),
+            "--concurrency",
+            str(concurrency),
+            "-l",
+            "info",
+        ]
+        if beat:
+            argv.append("-B")
+        argv += extra or []
+        env = {"RENQ_TORCH_THREADS": str(threads)} if threads else None
+        log = self.start(name, argv, env)
+        wait_until(lambda: " ready." in log.read_text(), f"worker {name}", timeout_s=120)
+        return log
+
+    def flower(self, port: int) -> str:
+        self.start(
+            "flower",
+            [
+                str(VENV_BIN / "celery"),
+                "-A",
+                "renq_site",
+                "flower",
+                f"--port={port}",
+                "--address=127.0.0.1",
+            ],
+            env={"FLOWER_UNAUTHENTICATED_API": "true"},
+        )
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: requests.get(f"{url}/healthcheck", timeout=1).ok, "flower")
+        return url
+
+    def stop_one(self, name: str) -> None:
+        proc = self.procs.pop(name)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        deadline = time.time() + 20
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+    def __enter__(self) -> ProcessGroup:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def wait_until(check, what: str, timeout_s: float = 60) -> None:
+    deadline = time.time() + timeout_s
+    last = None
+    while time.time() < deadline:
+        try:
+            if check():
+                return
+        except Exception as exc:  # noqa: BLE001 - not up yet
+            last = exc
+        time.sleep(0.2)
+    raise RuntimeError(f"{what} did not come up in {timeout_s}s ({last}); see {RUN_DIR}/")
