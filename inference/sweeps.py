@@ -62,8 +62,12 @@ def expire_overdue(now=None) -> int:
 
 
 def sweep_jobs() -> dict:
+    # Imported here: routing builds on inference, not the other way round at import time.
+    from routing.cascade import rescue_stranded_local_jobs
+
     return {
         "republished": republish_unpublished(),
+        "rescued": rescue_stranded_local_jobs(),
         "recovered": recover_stale_claims(),
         "expired": expire_overdue(),
     }

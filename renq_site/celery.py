@@ -36,7 +36,13 @@ app.conf.update(
     task_serializer="json",
     accept_content=["json"],
     timezone="UTC",
-    # The sweep republishes unconfirmed jobs and recovers claims of dead workers.
-    beat_schedule={"sweep-jobs": {"task": "inference.sweep", "schedule": 30.0}},
+    # The sweep republishes unconfirmed jobs, recovers claims of dead workers and hands jobs
+    # stranded on a local backend with no worker to the next fallback.
+    beat_schedule={
+        "sweep-jobs": {
+            "task": "inference.sweep",
+            "schedule": float(os.environ.get("RENQ_SWEEP_INTERVAL_S", "10")),
+        }
+    },
 )
 app.autodiscover_tasks()

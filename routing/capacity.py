@@ -17,18 +17,26 @@ the wait is absurd.
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 from django.db.models import Q
 
 from inference.models import Job, JobStatus, Service
-from inference.tiers import TIER_ORDER, Tier
+from inference.tiers import TIER_ORDER, Tier, queue_name
+from renq_site.celery import app
 from routing.stats import read_ewma, throughput_key, update_ewma
 
 # Longest local wait that batch/offline work accepts before spilling to the cloud.
 NON_INTERACTIVE_TARGET_S = {Tier.BATCH: 15 * 60.0, Tier.OFFLINE: 6 * 3600.0}
 # Prior of one batch's duration beyond batch_timeout, until a real measurement exists.
 PRIOR_BATCH_RUN_S = 0.1
+# How long a consumer count read from RabbitMQ is trusted (one round trip per tier queue).
+CONSUMER_COUNT_TTL_S = 1.0
+
+logger = logging.getLogger(__name__)
+_consumer_counts: dict[str, tuple[float, int]] = {}
 
 
 @dataclass(frozen=True)
@@ -87,3 +95,35 @@ def predict_local_wait(service: Service, tier: str) -> LocalWait:
         target_s=tier_target_s(service, tier),
         measured=measured,
     )
+
+
+def local_consumer_count(service_name: str) -> int:
+    """How many consumers RabbitMQ has on the service's tier queues, i.e. whether any GPU
+    worker is there to serve a local job. RabbitMQ drops a consumer the moment its worker's
+    connection closes (crash, kill, shutdown), so this sees a stopped worker at once, where a
+    heartbeat would need a timeout. Cached for CONSUMER_COUNT_TTL_S per process."""
+    now = time.monotonic()
+    cached = _consumer_counts.get(service_name)
+    if cached and cached[0] > now:
+        return cached[1]
+    total = 0
+    try:
+        with app.connection_for_read() as connection:
+            for tier in TIER_ORDER:
+                channel = connection.channel()
+                try:
+                    total += channel.queue_declare(
+                        queue=queue_name(service_name, tier), passive=True
+                    ).consumer_count
+                except connection.channel_errors:
+                    pass  # never declared: nobody consumes it (the 404 closed the channel)
+                finally:
+                    try:
+                        channel.close()
+                    except Exception:  # noqa: BLE001 - a channel the 404 already closed
+                        pass
+    except Exception:  # noqa: BLE001 - broker unreachable: assume workers, as before
+        logger.warning("could not read consumer counts for %s", service_name, exc_info=True)
+        return 1
+    _consumer_counts[service_name] = (now + CONSUMER_COUNT_TTL_S, total)
+    return total

@@ -14,15 +14,18 @@ next worker claims it afresh, so a duplicate message never runs it twice.
 from __future__ import annotations
 
 import uuid
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import timedelta
 
 from django.db import transaction
 from django.utils import timezone
 
 from inference.admission import shared_redis
-from inference.claims import Outcome, store_outcomes
+from inference.claims import Outcome, claim_jobs, store_outcomes
 from inference.models import Job, JobStatus
+from routing import capacity
 from routing.backends.base import BackendError, LocalEngineError
 from routing.breaker import CircuitBreaker
 from routing.capacity import record_local_batch
@@ -82,6 +85,58 @@ def continue_cascade(
         record_decision(job, decision)
         publish_to_backend_on_commit(job, decision.backend)
     return None
+
+
+# A job queued for a local backend is handed on once no GPU worker has been consuming its
+# service's queues and it has waited this long since publishing: a worker restart (model
+# load included) should not send a backlog to a paid API.
+STRANDED_AFTER_S = 5.0
+
+
+def rescue_stranded_local_jobs(now=None, *, stranded_after_s: float = STRANDED_AFTER_S) -> int:
+    """Queued jobs routed to a local backend whose service has no consuming worker (it
+    crashed, was stopped or was never started) go down the cascade like any failed attempt:
+    a local attempt is recorded as failed and the next fallback gets the job. Interactive jobs
+    already past their deadline are expired by the claim instead. Returns jobs handed on."""
+    now = now or timezone.now()
+    stranded = JobRoute.objects.filter(
+        backend__kind="local",
+        job__status=JobStatus.QUEUED,
+        job__published_at__lt=now - timedelta(seconds=stranded_after_s),
+    ).values_list("job__service__name", "job_id", "backend_id")[:5000]
+    by_service: dict[str, list[tuple[uuid.UUID, int]]] = defaultdict(list)
+    for service_name, job_id, backend_id in stranded:
+        by_service[service_name].append((job_id, backend_id))
+    router = Router()
+    handed_on = 0
+    for service_name, rows in by_service.items():
+        if capacity.local_consumer_count(service_name) > 0:
+            continue  # a worker is there: the jobs are merely waiting their turn
+        backend_of = dict(rows)
+        backends = Backend.objects.in_bulk(set(backend_of.values()))
+        claim = claim_jobs([str(job_id) for job_id in backend_of], worker="sweeper")
+        reason = f"no worker consuming the {service_name} queues for {stranded_after_s:g} s"
+        failed: list[Outcome] = []
+        for job in claim.jobs:
+            backend = backends[backend_of[job.pk]]
+            record_attempt(
+                job,
+                backend,
+                started_at=now,
+                outcome=AttemptOutcome.FAILED,
+                error=reason,
+                worker="sweeper",
+            )
+            error = continue_cascade(
+                job, claim.token, backend, LocalEngineError(reason), router=router
+            )
+            if error is None:
+                handed_on += 1
+            else:
+                failed.append(Outcome(job=job, error=error))
+        if failed:
+            store_outcomes(claim.token, failed)
+    return handed_on
 
 
 def record_attempt(

@@ -1,7 +1,10 @@
 """Cost accounting: what attempts cost, per tenant and per backend, and what routing saved.
 
 "Saved vs all-cloud" prices the same succeeded jobs (their real token usage) on the cheapest
-cloud backend of their service's route, and subtracts what they actually cost (local = 0).
+priced cloud backend of their service's route, and subtracts what they actually cost
+(local = 0). Free tiers are left out of that baseline when a priced backend exists: their rate
+limits (e.g. 20 requests/min) could never carry the whole load, so "all on the free tier" is
+not a price anyone could pay.
 """
 
 from __future__ import annotations
@@ -38,12 +41,16 @@ class BackendCost:
 
 
 def cheapest_cloud_by_service() -> dict[int, list[Backend]]:
-    """Cloud backends of each service's route (the cheapest is picked per usage)."""
+    """Priced cloud backends of each service's route (the cheapest is picked per usage); the
+    free ones only where a route has nothing priced."""
     clouds: dict[int, list[Backend]] = defaultdict(list)
     for entry in RouteEntry.objects.filter(backend__kind=BackendKind.OPENAI).select_related(
         "backend", "route"
     ):
         clouds[entry.route.service_id].append(entry.backend)
+    for service_id, backends in clouds.items():
+        priced = [b for b in backends if b.cost_per_1k_input or b.cost_per_1k_output]
+        clouds[service_id] = priced or backends
     return clouds
 
 

@@ -2,7 +2,8 @@
 
 1. Candidates: the route's enabled backends that can serve the job (service kind, estimated
    tokens ≤ max_context_tokens) and are healthy (not cooling down after a 429, breaker not
-   open, rate-limit headroom left, upstream's remaining quota not 0).
+   open, rate-limit headroom left, upstream's remaining quota not 0; for a local backend, a
+   GPU worker consuming the service's queues, as RabbitMQ counts consumers).
 2. Capacity-aware spill-over: the local backend wins whenever its predicted wait meets the
    job's tier target (`routing.capacity`); cheap local GPU first. Only when it would break the
    target does the job go to the cloud, so realtime spills under a backlog and offline waits.
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 
 from inference.admission import shared_redis
 from inference.models import Job, Service
+from routing import capacity
 from routing.breaker import CircuitBreaker
 from routing.capacity import LocalWait, predict_local_wait
 from routing.limits import RateLimitTracker
@@ -128,6 +130,9 @@ class Router:
             candidate.why_not = f"circuit breaker {state.state}"
             return candidate
         if backend.is_local:
+            if capacity.local_consumer_count(job.service.name) == 0:
+                candidate.available = False
+                candidate.why_not = f"no worker consuming the {job.service.name} queues"
             return candidate
         status = self.limits.status(backend)
         if status.cooling_down:

@@ -154,3 +154,42 @@ def io_workers(django_db_setup, django_db_blocker):
     for worker in workers:
         worker.stop()
     purge_io_queues()
+
+
+@pytest.fixture
+def gpu_consumer():
+    """attach(service_name): a real consumer on the service's tier queues, which is what
+    RabbitMQ counts for a GPU worker; detach(): its connection closes, as when a worker dies.
+    It takes at most one message and never acks it, so closing hands the message back."""
+    from kombu import Consumer
+
+    from inference.tiers import TIER_ORDER, queue_name
+    from renq_site.celery import app
+    from routing import capacity
+
+    class Attached:
+        def __init__(self):
+            self.connections = []
+
+        def attach(self, service_name: str) -> None:
+            connection = app.connection_for_write()
+            channel = connection.channel()
+            queues = [app.amqp.queues[queue_name(service_name, t)](channel) for t in TIER_ORDER]
+            for queue in queues:
+                queue.declare()
+            consumer = Consumer(
+                channel, queues, auto_declare=False, callbacks=[lambda body, message: None]
+            )
+            consumer.qos(prefetch_count=1)
+            consumer.consume()
+            self.connections.append(connection)
+            capacity._consumer_counts.clear()
+
+        def detach(self) -> None:
+            while self.connections:
+                self.connections.pop().close()
+            capacity._consumer_counts.clear()
+
+    attached = Attached()
+    yield attached
+    attached.detach()

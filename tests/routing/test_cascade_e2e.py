@@ -209,9 +209,17 @@ def test_rpm_limit_is_enforced_by_three_io_workers_together(
 
 
 def test_spill_over_realtime_runs_on_cloud_while_offline_waits_for_local(
-    io_workers, make_tenant, make_service, make_backend, free_and_paid, make_route, upstream
+    io_workers,
+    make_tenant,
+    make_service,
+    make_backend,
+    free_and_paid,
+    make_route,
+    upstream,
+    gpu_consumer,
 ):
     service = make_service("embedding", name="spill", queue_timeout=2, total_timeout=5)
+    gpu_consumer.attach("spill")  # a GPU worker is up (and busy): offline waits for it
     tenant, _ = make_tenant()
     local = make_backend("local-spill", kind="local")
     free, _ = free_and_paid
@@ -229,7 +237,7 @@ def test_spill_over_realtime_runs_on_cloud_while_offline_waits_for_local(
     assert realtime.route.backend == free and "spill-over" in realtime.route.reason
     assert realtime.route.predicted_local_wait_s == pytest.approx(6.1, abs=0.2)
     assert offline.route.backend == local
-    assert Job.objects.get(pk=offline.pk).status == JobStatus.QUEUED  # no GPU worker here
+    assert Job.objects.get(pk=offline.pk).status == JobStatus.QUEUED  # the GPU is busy
     assert attempts_of(realtime) == [("free", "succeeded")]
 
 
@@ -249,8 +257,10 @@ def test_costs_per_tenant_and_backend_and_saved_vs_all_cloud(
     service = make_service("embedding")
     tenant, _ = make_tenant()
     local = make_backend("local-embedding", kind="local")
-    _, paid = free_and_paid
-    make_route(service, (local, 0), (paid, 1))
+    free, paid = free_and_paid
+    free.enabled = False  # on the route (free tiers are no all-cloud baseline) but not used
+    free.save()
+    make_route(service, (local, 0), (free, 1), (paid, 2))
     on_local = wait_for_job(submit(tenant, "embedding", text="one two three four").pk)
     assert on_local.status == JobStatus.SUCCEEDED and on_local.route.backend == local
 
@@ -277,3 +287,43 @@ def test_costs_per_tenant_and_backend_and_saved_vs_all_cloud(
     page = admin_client.get("/admin/routing/jobattempt/")
     assert page.status_code == 200
     assert b"saved vs all-cloud" in page.content and tenant.name.encode() in page.content
+
+
+def test_jobs_stranded_on_a_stopped_local_worker_go_down_the_cascade(
+    io_workers,
+    make_tenant,
+    make_service,
+    make_backend,
+    free_and_paid,
+    make_route,
+    upstream,
+    gpu_consumer,
+):
+    from routing.cascade import rescue_stranded_local_jobs
+
+    service = make_service("embedding", name="stranded")
+    tenant, _ = make_tenant()
+    local = make_backend("local-stranded", kind="local")
+    free, paid = free_and_paid
+    make_route(service, (local, 0), (free, 1), (paid, 2))
+    gpu_consumer.attach("stranded")
+    jobs = [submit(tenant, "stranded", text=f"t{i}", priority="batch") for i in range(3)]
+    assert all(job.route.backend == local for job in jobs)
+
+    # A worker is consuming: queued jobs are only waiting their turn.
+    assert rescue_stranded_local_jobs(stranded_after_s=0) == 0
+    gpu_consumer.detach()  # the GPU worker stops; its unacked message goes back to the queue
+    assert rescue_stranded_local_jobs(stranded_after_s=0) == 3
+
+    for job in jobs:
+        done = wait_for_job(job.pk, timeout_s=20)
+        assert done.status == JobStatus.SUCCEEDED, done.error
+        assert attempts_of(done) == [
+            ("local-stranded", AttemptOutcome.FAILED),
+            ("free", AttemptOutcome.SUCCEEDED),
+        ]
+        assert (
+            "no worker consuming the stranded queues"
+            in JobAttempt.objects.filter(job=done, backend=local).get().error
+        )
+    assert len(upstream.calls("free")) == 3

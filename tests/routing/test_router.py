@@ -7,7 +7,7 @@ from decimal import Decimal
 
 import pytest
 
-from inference.models import Job, JobStatus
+from inference.models import Job, JobStatus, Service
 from inference.submission import submit_job
 from routing.breaker import CircuitBreaker
 from routing.capacity import record_local_batch
@@ -104,9 +104,10 @@ def test_context_length_and_capability_are_respected(
 
 
 def test_spill_over_realtime_goes_to_cloud_offline_waits(
-    make_service, make_tenant, make_backend, free_and_paid, make_route
+    make_service, make_tenant, make_backend, free_and_paid, make_route, gpu_consumer
 ):
     service = make_service("embedding", name="spill", queue_timeout=2, total_timeout=5)
+    gpu_consumer.attach("spill")
     tenant, _ = make_tenant()
     local = make_backend("local-spill", kind="local")
     free, _ = free_and_paid
@@ -144,3 +145,27 @@ def test_service_without_route_is_published_as_before(make_service, make_tenant)
     tenant, _ = make_tenant()
     job = submit_job(tenant=tenant, service_name="embedding", payload={"texts": ["x"]})
     assert not JobRoute.objects.filter(job=job).exists()
+
+
+def test_with_no_local_worker_every_tier_goes_to_the_cloud_until_one_attaches(
+    make_service, make_tenant, make_backend, free_and_paid, make_route, gpu_consumer
+):
+    make_service("embedding", name="noworker")
+    tenant, _ = make_tenant()
+    local = make_backend("local-noworker", kind="local")
+    free, _ = free_and_paid
+    make_route(Service.objects.get(name="noworker"), (local, 0), (free, 1))
+
+    def route(tier):
+        job = submit_job(
+            tenant=tenant, service_name="noworker", payload={"texts": [tier]}, priority=tier
+        )
+        return job.route
+
+    # Offline would wait for the cheap GPU, but nothing consumes its queues: nobody would run it.
+    for tier in ("realtime", "offline"):
+        decision = route(tier)
+        assert decision.backend == free
+        assert "no worker consuming the noworker queues" in decision.reason
+    gpu_consumer.attach("noworker")
+    assert route("offline").backend == local
