@@ -20,11 +20,12 @@ from dataclasses import replace
 from datetime import timedelta
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from inference.admission import shared_redis
 from inference.claims import Outcome, claim_jobs, store_outcomes
-from inference.models import Job, JobStatus
+from inference.models import Job, JobStatus, Service
 from routing import capacity
 from routing.backends.base import BackendError, LocalEngineError
 from routing.breaker import CircuitBreaker
@@ -94,16 +95,23 @@ STRANDED_AFTER_S = 5.0
 
 
 def rescue_stranded_local_jobs(now=None, *, stranded_after_s: float = STRANDED_AFTER_S) -> int:
-    """Queued jobs routed to a local backend whose service has no consuming worker (it
-    crashed, was stopped or was never started) go down the cascade like any failed attempt:
-    a local attempt is recorded as failed and the next fallback gets the job. Interactive jobs
+    """Jobs routed to a local backend whose service has no consuming worker (it crashed, was
+    stopped or was never started) go down the cascade like any failed attempt: a local attempt
+    is recorded as failed and the next fallback gets the job. That covers queued jobs and the
+    claims of a batch the dead worker was running (once inference_timeout has passed, no
+    worker can still be finishing it; should one be, its claim token no longer matches and
+    its results are dropped, so each job still ends with one result). Interactive jobs
     already past their deadline are expired by the claim instead. Returns jobs handed on."""
     now = now or timezone.now()
-    stranded = JobRoute.objects.filter(
-        backend__kind="local",
-        job__status=JobStatus.QUEUED,
-        job__published_at__lt=now - timedelta(seconds=stranded_after_s),
-    ).values_list("job__service__name", "job_id", "backend_id")[:5000]
+    cutoff = now - timedelta(seconds=stranded_after_s)
+    stranded = (
+        JobRoute.objects.filter(backend__kind="local")
+        .filter(
+            Q(job__status=JobStatus.QUEUED, job__published_at__lt=cutoff)
+            | Q(job__status=JobStatus.RUNNING, job__claimed_at__lt=cutoff)
+        )
+        .values_list("job__service__name", "job_id", "backend_id")[:5000]
+    )
     by_service: dict[str, list[tuple[uuid.UUID, int]]] = defaultdict(list)
     for service_name, job_id, backend_id in stranded:
         by_service[service_name].append((job_id, backend_id))
@@ -113,6 +121,13 @@ def rescue_stranded_local_jobs(now=None, *, stranded_after_s: float = STRANDED_A
         if capacity.local_consumer_count(service_name) > 0:
             continue  # a worker is there: the jobs are merely waiting their turn
         backend_of = dict(rows)
+        service = Service.objects.get(name=service_name)
+        dead_claim_before = now - timedelta(
+            seconds=max(stranded_after_s, service.inference_timeout)
+        )
+        Job.objects.filter(
+            pk__in=backend_of, status=JobStatus.RUNNING, claimed_at__lt=dead_claim_before
+        ).update(status=JobStatus.QUEUED, claim_token=None, claimed_at=None, started_at=None)
         backends = Backend.objects.in_bulk(set(backend_of.values()))
         claim = claim_jobs([str(job_id) for job_id in backend_of], worker="sweeper")
         reason = f"no worker consuming the {service_name} queues for {stranded_after_s:g} s"

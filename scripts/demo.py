@@ -1,12 +1,16 @@
-"""`make demo`: start web + workers + Flower, run a mixed workload over REST, print what ran."""
+"""`make demo`: start web + workers + Flower + the fake cloud APIs, run a mixed workload over
+REST, kill the embedding GPU worker halfway, and print what ran where, the cascade and the cost.
+"""
 
 from __future__ import annotations
 
 import os
 import statistics
+import subprocess
 import sys
 import time
-from collections import defaultdict
+import uuid
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -14,6 +18,9 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from processes import ROOT, ProcessGroup, free_port  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
 
 TIERS = ("realtime", "api", "batch", "offline")
 TERMINAL = {"succeeded", "failed", "expired", "cancelled"}
@@ -31,17 +38,30 @@ def queues(service: str) -> list[str]:
     return [f"{prefix}{service}.{tier}" for tier in TIERS]
 
 
-def workload() -> list[dict]:
-    jobs = []
-    for i in range(48):
-        tier = TIERS[i % 4]
-        jobs.append(
-            {
-                "service": "embedding",
-                "priority": tier,
-                "input": {"texts": [TEXTS[i % 5], TEXTS[(i + 2) % 5]]},
-            }
-        )
+# Each run's texts are new, so the result cache (enable_cache) does not answer them all.
+RUN = uuid.uuid4().hex[:6]
+
+
+def embedding_jobs(count: int, tiers: tuple[str, ...], texts_per_job: int, tag: str) -> list:
+    return [
+        {
+            "service": "embedding",
+            "priority": tiers[i % len(tiers)],
+            "input": {
+                "texts": [
+                    f"{TEXTS[(i + k) % 5]} ({tag} run {RUN} job {i} text {k})"
+                    for k in range(texts_per_job)
+                ]
+            },
+        }
+        for i in range(count)
+    ]
+
+
+def first_half() -> list[dict]:
+    """Interactive traffic plus a batch/offline backlog that keeps the GPU worker busy."""
+    jobs = embedding_jobs(16, ("realtime", "api"), 2, "first")
+    jobs += embedding_jobs(160, ("batch", "offline"), 8, "backlog")
     for i in range(8):
         jobs.append(
             {
@@ -56,7 +76,7 @@ def workload() -> list[dict]:
                 "service": "llm",
                 "priority": TIERS[i % 4],
                 "input": {
-                    "prompt": f"request {i}: the scheduler",
+                    "prompt": f"request {i} of run {RUN}: the scheduler",
                     "max_tokens": 8,
                     "temperature": 0,
                 },
@@ -65,50 +85,88 @@ def workload() -> list[dict]:
     return jobs
 
 
+def second_half() -> list[dict]:
+    """After the embedding GPU worker died."""
+    return embedding_jobs(16, ("realtime", "api"), 2, "second") + embedding_jobs(
+        24, ("batch", "offline"), 4, "second"
+    )
+
+
+# The seed's interactive deadlines (embedding: queue_timeout 50 ms) are GPU numbers. On this
+# 2-core CPU machine, with web, three workers, Flower and the fake upstream sharing the cores,
+# most realtime jobs would expire, so the demo runs with these (queue_timeout, total_timeout)
+# and puts the seed values back when it ends.
+DEMO_DEADLINES_S = {"embedding": (2.0, 5.0), "reranker": (2.0, 5.0), "llm": (5.0, 15.0)}
+
+
 def main() -> int:
+    import django
+
+    django.setup()
+    from inference.models import Service
+
+    seed = {s.name: (s.queue_timeout, s.total_timeout) for s in Service.objects.all()}
+    for name, (queue_timeout, total_timeout) in DEMO_DEADLINES_S.items():
+        Service.objects.filter(name=name).update(
+            queue_timeout=queue_timeout, total_timeout=total_timeout
+        )
+    print(f"deadlines for this CPU-only run (queue, total s): {DEMO_DEADLINES_S}")
+    try:
+        return run_demo()
+    finally:
+        for name, (queue_timeout, total_timeout) in seed.items():
+            Service.objects.filter(name=name).update(
+                queue_timeout=queue_timeout, total_timeout=total_timeout
+            )
+
+
+def run_demo() -> int:
     key = (ROOT / "fixtures" / "DEMO_API_KEY").read_text().strip()
-    headers = {"Authorization": f"Bearer {key}"}
-    with ProcessGroup() as procs:
-        print("starting web, workers and Flower (logs in .run/) ...", flush=True)
+    upstream_port = free_port()
+    env = {
+        "RENQ_FAKE_UPSTREAM_URL": f"http://127.0.0.1:{upstream_port}",
+        "RENQ_FREE_CLOUD_API_KEY": os.environ.get("RENQ_FREE_CLOUD_API_KEY", "sk-demo-free"),
+        "RENQ_PAID_CLOUD_API_KEY": os.environ.get("RENQ_PAID_CLOUD_API_KEY", "sk-demo-paid"),
+        # The sweep hands jobs stranded on a dead worker on; every 2 s so the demo is short.
+        "RENQ_SWEEP_INTERVAL_S": "2",
+    }
+    os.environ.update(env)
+    with ProcessGroup(env) as procs:
+        print("starting web, workers, Flower and the fake cloud APIs (logs in .run/) ...")
+        procs.upstream(upstream_port)
+        # Point the cloud backends of fixtures/routing.yaml at this run's fake upstream.
+        subprocess.run(
+            [sys.executable, "manage.py", "load_routing_config", "fixtures/routing.yaml"],
+            cwd=ROOT,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         url = procs.web(free_port())
         procs.worker("embedding-gpu", queues("embedding"))
         control = os.environ.get("RENQ_QUEUE_PREFIX", "") + "renq.control"
         procs.worker("small-models", queues("reranker") + queues("llm") + [control], beat=True)
+        procs.worker("io", io_queues(), concurrency=32, extra=["--pool", "threads"])
         flower = procs.flower(free_port())
         print(f"web {url}   flower {flower}   admin {url}/admin/   docs {url}/api/docs/")
 
         session = requests.Session()
-        session.headers.update(headers)
-        submitted = []
+        session.headers.update({"Authorization": f"Bearer {key}"})
         started = time.time()
+        submitted = submit_all(session, url, first_half())
+        print(f"submitted {len(submitted)} jobs in {time.time() - started:.2f}s")
+        time.sleep(2.0)
+        procs.kill("embedding-gpu")
+        print("killed the embedding GPU worker (SIGKILL): local-embedding is down")
+        second = submit_all(session, url, second_half())
+        submitted += second
+        print(f"submitted {len(second)} more jobs; waiting for every job to finish ...")
 
-        def submit(body):
-            response = session.post(f"{url}/api/v1/jobs", json=body, timeout=10)
-            return body, response
-
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            for body, response in pool.map(submit, workload()):
-                if response.status_code != 202:
-                    print(
-                        f"refused {body['service']}/{body['priority']}: "
-                        f"{response.status_code} {response.text[:200]}"
-                    )
-                    continue
-                submitted.append(response.json()["id"])
-        print(f"submitted {len(submitted)} jobs in {time.time() - started:.2f}s; waiting ...")
-
-        results = {}
-        deadline = time.time() + 120
-        while len(results) < len(submitted) and time.time() < deadline:
-            for job_id in submitted:
-                if job_id in results:
-                    continue
-                job = session.get(f"{url}/api/v1/jobs/{job_id}", timeout=10).json()
-                if job["status"] in TERMINAL:
-                    results[job_id] = job
-            time.sleep(0.2)
+        results = wait_all(session, url, submitted, timeout_s=180)
+        print(f"all done {time.time() - started:.1f}s after the first submission")
         print_report(list(results.values()), len(submitted))
         print_samples(list(results.values()))
+        print_cascade(list(results.values()))
+        print_costs(submitted)
         workers = requests.get(f"{flower}/api/workers", timeout=5).json()
         print(f"\nFlower sees {len(workers)} workers: {', '.join(sorted(workers))}")
         print("stopping processes ...")
@@ -119,13 +177,49 @@ def main() -> int:
     return 0
 
 
+def io_queues() -> list[str]:
+    prefix = os.environ.get("RENQ_QUEUE_PREFIX", "")
+    return [f"{prefix}io.{tier}" for tier in TIERS]
+
+
+def submit_all(session: requests.Session, url: str, bodies: list[dict]) -> list[str]:
+    def submit(body):
+        return body, session.post(f"{url}/api/v1/jobs", json=body, timeout=10)
+
+    ids = []
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for body, response in pool.map(submit, bodies):
+            if response.status_code != 202:
+                print(
+                    f"refused {body['service']}/{body['priority']}: "
+                    f"{response.status_code} {response.text[:200]}"
+                )
+                continue
+            ids.append(response.json()["id"])
+    return ids
+
+
+def wait_all(session, url: str, ids: list[str], timeout_s: float) -> dict[str, dict]:
+    results: dict[str, dict] = {}
+    deadline = time.time() + timeout_s
+    while len(results) < len(ids) and time.time() < deadline:
+        for job_id in ids:
+            if job_id in results:
+                continue
+            job = session.get(f"{url}/api/v1/jobs/{job_id}", timeout=10).json()
+            if job["status"] in TERMINAL:
+                results[job_id] = job
+        time.sleep(0.5)
+    return results
+
+
 def print_report(jobs: list[dict], submitted: int) -> None:
     groups = defaultdict(list)
     for job in jobs:
         groups[(job["service"], job["priority"])].append(job)
     print(
         f"\n{'service':<10} {'tier':<9} {'jobs':>4} {'ok':>4} {'expired':>7} {'failed':>6} "
-        f"{'wait p50 ms':>11} {'infer p50 ms':>12} {'batch avg':>9}"
+        f"{'local':>5} {'cloud':>5} {'wait p50 ms':>11} {'infer p50 ms':>12} {'batch avg':>9}"
     )
     for service in ("embedding", "reranker", "llm"):
         for tier in TIERS:
@@ -140,10 +234,15 @@ def print_report(jobs: list[dict], submitted: int) -> None:
                 f"{service:<10} {tier:<9} {len(group):>4} {len(ok):>4} "
                 f"{sum(j['status'] == 'expired' for j in group):>7} "
                 f"{sum(j['status'] == 'failed' for j in group):>6} "
+                f"{sum(is_local(j) for j in ok):>5} {sum(not is_local(j) for j in ok):>5} "
                 f"{med(waits):>11} {med(infer):>12} "
                 f"{(sum(batch) / len(batch)) if batch else 0:>9.1f}"
             )
     print(f"{len(jobs)}/{submitted} jobs reached a final state")
+
+
+def is_local(job: dict) -> bool:
+    return not job.get("backend") or job["backend"].startswith("local-")
 
 
 def med(values) -> str:
@@ -153,7 +252,7 @@ def med(values) -> str:
 def print_samples(jobs: list[dict]) -> None:
     shown = set()
     for job in jobs:
-        if job["status"] != "succeeded" or job["service"] in shown:
+        if job["status"] != "succeeded" or job["service"] in shown or not is_local(job):
             continue
         shown.add(job["service"])
         result = job.get("result") or {}
@@ -165,6 +264,46 @@ def print_samples(jobs: list[dict]) -> None:
         else:
             text = f"{result['text']!r} usage {result['usage']}"
         print(f"sample {job['service']:<9}: {text}")
+
+
+def print_cascade(jobs: list[dict]) -> None:
+    """Each job's path through the backends, from the attempts the API reports."""
+    paths = Counter()
+    example = {}
+    for job in jobs:
+        attempts = job.get("backend_attempts") or []
+        path = " -> ".join(
+            f"{a['backend']} {'ok' if a['outcome'] == 'succeeded' else 'FAILED'}" for a in attempts
+        )
+        path = path or f"(no attempt: {job['status']})"
+        paths[(job["service"], path)] += 1
+        if len(attempts) > 1:
+            example.setdefault(path, (attempts[0]["error"], job.get("route_reason") or ""))
+    print(f"\n{'service':<10} {'jobs':>5}  path through the cascade (attempts table)")
+    for (service, path), count in sorted(paths.items(), key=lambda kv: (kv[0][0], -kv[1])):
+        print(f"{service:<10} {count:>5}  {path}")
+    for path, (error, reason) in example.items():
+        print(f"  e.g. {path}:\n     local error: {error}\n     route: {reason[:160]}")
+
+
+def print_costs(job_ids: list[str]) -> None:
+    """What this run's cloud calls cost, and what it would have cost all on the cloud."""
+    from routing.costs import costs_by_backend, costs_by_tenant
+    from routing.models import JobAttempt
+
+    attempts = JobAttempt.objects.filter(job_id__in=job_ids)
+    print(f"\n{'backend':<16} {'attempts':>8} {'ok':>5} {'in tokens':>10} {'cost USD':>11}")
+    for row in costs_by_backend(attempts):
+        print(
+            f"{row.backend:<16} {row.attempts:>8} {row.succeeded:>5} {row.input_tokens:>10} "
+            f"{row.cost:>11.6f}"
+        )
+    for row in costs_by_tenant(attempts):
+        print(
+            f"tenant {row.tenant}: {row.jobs} routed jobs cost ${row.cost:.6f}; all on the "
+            f"cheapest paid cloud: ${row.all_cloud_cost:.6f}; saved ${row.saved:.6f} "
+            f"({(row.saved / row.all_cloud_cost * 100) if row.all_cloud_cost else 0:.0f}%)"
+        )
 
 
 if __name__ == "__main__":

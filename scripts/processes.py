@@ -111,6 +111,30 @@ class ProcessGroup:
         wait_until(lambda: requests.get(f"{url}/healthcheck", timeout=1).ok, "flower")
         return url
 
+    def upstream(self, port: int) -> str:
+        """The OpenAI-compatible fake upstream (tests/routing/fake_upstream.py): the demo's
+        stand-in for the free and paid cloud APIs, which this machine cannot reach."""
+        self.start(
+            "upstream",
+            [
+                sys.executable,
+                str(ROOT / "tests" / "routing" / "fake_upstream.py"),
+                "--port",
+                str(port),
+            ],
+        )
+        url = f"http://127.0.0.1:{port}"
+        log = RUN_DIR / "upstream.log"
+        wait_until(lambda: "READY" in log.read_text(), "fake upstream")
+        return url
+
+    def kill(self, name: str) -> None:
+        """SIGKILL, as when a machine or its GPU dies: no warm shutdown, nothing handed back
+        but what RabbitMQ redelivers."""
+        proc = self.procs.pop(name)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
     def stop_one(self, name: str) -> None:
         proc = self.procs.pop(name)
         if proc.poll() is None:

@@ -15,6 +15,20 @@ class JobSubmitSerializer(serializers.Serializer):
     priority = serializers.ChoiceField(choices=Tier.values, required=False, allow_null=True)
 
 
+class BackendAttemptSerializer(serializers.Serializer):
+    """One backend's try at the job: the cascade as the tenant sees it."""
+
+    backend = serializers.CharField(source="backend.name")
+    outcome = serializers.CharField()
+    status_code = serializers.IntegerField(allow_null=True)
+    error = serializers.CharField()
+    started_at = serializers.DateTimeField()
+    finished_at = serializers.DateTimeField()
+    input_tokens = serializers.IntegerField()
+    output_tokens = serializers.IntegerField()
+    cost_usd = serializers.DecimalField(source="cost", max_digits=14, decimal_places=8)
+
+
 class JobSerializer(serializers.ModelSerializer):
     service = serializers.CharField(source="service.name")
     priority = serializers.CharField(source="tier")
@@ -24,6 +38,9 @@ class JobSerializer(serializers.ModelSerializer):
     # Routed jobs (routing/): the backend running it and why; null for unrouted services.
     backend = serializers.CharField(source="route.backend.name", read_only=True, default=None)
     route_reason = serializers.CharField(source="route.reason", read_only=True, default=None)
+    backend_attempts = BackendAttemptSerializer(
+        source="routing_attempts", many=True, read_only=True
+    )
 
     class Meta:
         model = Job
@@ -48,6 +65,7 @@ class JobSerializer(serializers.ModelSerializer):
             "progress",
             "backend",
             "route_reason",
+            "backend_attempts",
         ]
 
     def get_progress(self, job: Job) -> dict | None:
@@ -59,7 +77,11 @@ class JobSummarySerializer(JobSerializer):
     """List view: no input or result bodies (embeddings make pages huge)."""
 
     class Meta(JobSerializer.Meta):
-        fields = [f for f in JobSerializer.Meta.fields if f not in {"input", "result"}]
+        fields = [
+            f
+            for f in JobSerializer.Meta.fields
+            if f not in {"input", "result", "backend_attempts"}
+        ]
 
 
 class ServiceSerializer(serializers.ModelSerializer):

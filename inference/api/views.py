@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404
 from drf_spectacular.utils import extend_schema
 from rest_framework import generics, status
@@ -17,6 +18,7 @@ from inference.bulk import submit_bulk
 from inference.inputs import InputError
 from inference.models import Job, JobStatus, Service
 from inference.submission import cancel_job, submit_job
+from routing.models import JobAttempt
 
 
 class JobListCreateView(generics.ListAPIView):
@@ -72,7 +74,11 @@ def _own_jobs(request):
 class JobDetailView(APIView):
     @extend_schema(responses=JobSerializer)
     def get(self, request, job_id):
-        job = get_object_or_404(_own_jobs(request), pk=job_id)
+        attempts = Prefetch(
+            "routing_attempts",
+            queryset=JobAttempt.objects.select_related("backend").order_by("started_at", "id"),
+        )
+        job = get_object_or_404(_own_jobs(request).prefetch_related(attempts), pk=job_id)
         return Response(JobSerializer(job).data)
 
     @extend_schema(responses=JobSerializer)

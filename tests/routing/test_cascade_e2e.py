@@ -67,6 +67,11 @@ def test_local_backend_down_job_completes_on_first_cloud_fallback(
     body = api.get(f"/api/v1/jobs/{job.pk}").json()
     assert body["backend"] == "free"
     assert body["route_reason"].startswith("fallback after local-embedding failed")
+    assert [(a["backend"], a["outcome"]) for a in body["backend_attempts"]] == [
+        ("local-embedding", "failed"),
+        ("free", "succeeded"),
+    ]
+    assert "FileNotFoundError" in body["backend_attempts"][0]["error"]
     assert len(body["result"]["embeddings"][0]) == 8  # the fake upstream's vectors
     assert len(upstream.calls("free")) == 1
     assert not upstream.calls("paid")
@@ -299,6 +304,11 @@ def test_jobs_stranded_on_a_stopped_local_worker_go_down_the_cascade(
     upstream,
     gpu_consumer,
 ):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from inference.claims import Outcome, claim_jobs, store_outcomes
     from routing.cascade import rescue_stranded_local_jobs
 
     service = make_service("embedding", name="stranded")
@@ -310,10 +320,16 @@ def test_jobs_stranded_on_a_stopped_local_worker_go_down_the_cascade(
     jobs = [submit(tenant, "stranded", text=f"t{i}", priority="batch") for i in range(3)]
     assert all(job.route.backend == local for job in jobs)
 
+    # The worker was running the first job when it died: its claim is left behind.
+    dead = claim_jobs([str(jobs[0].pk)], worker="dead-gpu-worker")
+    Job.objects.filter(pk=jobs[0].pk).update(claimed_at=timezone.now() - timedelta(seconds=60))
+
     # A worker is consuming: queued jobs are only waiting their turn.
     assert rescue_stranded_local_jobs(stranded_after_s=0) == 0
     gpu_consumer.detach()  # the GPU worker stops; its unacked message goes back to the queue
     assert rescue_stranded_local_jobs(stranded_after_s=0) == 3
+    # Should the dead worker come back with a result, it is no longer the job's to store.
+    assert store_outcomes(dead.token, [Outcome(job=dead.jobs[0], result={"late": True})]) == 0
 
     for job in jobs:
         done = wait_for_job(job.pk, timeout_s=20)
