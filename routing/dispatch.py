@@ -76,6 +76,6 @@ def route_job_on_commit(job: Job, router: Router | None = None) -> bool:
     decision = (router or Router()).choose(job)
     if decision is None or decision.backend is None:
         return False
-    record_decision(job, decision)
+    job.route = record_decision(job, decision)  # cached on the job: the 202 shows it
     publish_to_backend_on_commit(job, decision.backend)
     return True

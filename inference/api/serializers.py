@@ -73,14 +73,46 @@ class JobSerializer(serializers.ModelSerializer):
         return bulk_progress(job) if job.is_bulk else None
 
 
+class JobAcceptedSerializer(JobSerializer):
+    """The 202 answer to a submission: what the client needs to poll, with no extra queries
+    (every query here is paid on the hottest path); a cache hit comes back with its result."""
+
+    backend = serializers.SerializerMethodField()
+    route_reason = serializers.SerializerMethodField()
+
+    @staticmethod
+    def _route(job: Job):
+        # Submission caches the routing decision on the job; no decision means no route.
+        return job.route if Job.route.is_cached(job) else None
+
+    def get_backend(self, job: Job) -> str | None:
+        route = self._route(job)
+        return route.backend.name if route else None
+
+    def get_route_reason(self, job: Job) -> str | None:
+        route = self._route(job)
+        return route.reason if route else None
+
+    class Meta(JobSerializer.Meta):
+        fields = [
+            "id",
+            "service",
+            "priority",
+            "status",
+            "created_at",
+            "result",
+            "cached",
+            "backend",
+            "route_reason",
+        ]
+
+
 class JobSummarySerializer(JobSerializer):
     """List view: no input or result bodies (embeddings make pages huge)."""
 
     class Meta(JobSerializer.Meta):
         fields = [
-            f
-            for f in JobSerializer.Meta.fields
-            if f not in {"input", "result", "backend_attempts"}
+            f for f in JobSerializer.Meta.fields if f not in {"input", "result", "backend_attempts"}
         ]
 
 

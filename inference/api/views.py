@@ -9,6 +9,7 @@ from rest_framework.views import APIView
 
 from inference.api.errors import error_response
 from inference.api.serializers import (
+    JobAcceptedSerializer,
     JobSerializer,
     JobSubmitSerializer,
     JobSummarySerializer,
@@ -39,7 +40,7 @@ class JobListCreateView(generics.ListAPIView):
             jobs = jobs.filter(service__name=service)
         return jobs
 
-    @extend_schema(request=JobSubmitSerializer, responses={202: JobSerializer})
+    @extend_schema(request=JobSubmitSerializer, responses={202: JobAcceptedSerializer})
     def post(self, request):
         body = JobSubmitSerializer(data=request.data)
         body.is_valid(raise_exception=True)
@@ -49,7 +50,7 @@ class JobListCreateView(generics.ListAPIView):
             payload=body.validated_data["input"],
             priority=body.validated_data.get("priority"),
         )
-        return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+        return Response(JobAcceptedSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
 
 class BulkJobCreateView(APIView):
