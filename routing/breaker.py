@@ -15,17 +15,11 @@ from dataclasses import dataclass
 
 import redis
 
-_NOW = """
-local now = tonumber(ARGV[1])
-if now < 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-end
-"""
+from routing.limits import LUA_NOW
 
 # KEYS: state. ARGV: now, probe_ttl_s, take_probe. Returns {allowed, state}.
 _ALLOW = (
-    _NOW
+    LUA_NOW
     + """
 local h = redis.call('HMGET', KEYS[1], 'open_until', 'probe_until')
 local open_until = tonumber(h[1] or '0')
@@ -41,7 +35,7 @@ return {1, 'half_open'}
 
 # KEYS: state. ARGV: now, threshold, cooldown_s. Returns the state afterwards.
 _FAILURE = (
-    _NOW
+    LUA_NOW
     + """
 local failures = redis.call('HINCRBY', KEYS[1], 'failures', 1)
 local open_until = tonumber(redis.call('HGET', KEYS[1], 'open_until') or '0')

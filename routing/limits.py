@@ -35,7 +35,9 @@ DEFAULT_429_COOLDOWN_S = 1.0
 # No cooldown longer than this, whatever a header says (a broken header must not kill a route).
 MAX_COOLDOWN_S = 3600.0
 
-_NOW = """
+# Lua prelude shared by every script here and in routing.breaker: `now` is ARGV[1], or Redis's
+# own clock when ARGV[1] < 0, so workers on different hosts agree on time.
+LUA_NOW = """
 local now = tonumber(ARGV[1])
 if now < 0 then
   local t = redis.call('TIME')
@@ -45,7 +47,7 @@ end
 
 # KEYS: log, up, cool. ARGV: now, window_s, rpm, tpm, tokens, reservation id, check_only.
 _RESERVE = (
-    _NOW
+    LUA_NOW
     + """
 local window = tonumber(ARGV[2])
 local rpm, tpm, tokens = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
@@ -93,7 +95,7 @@ return 1
 
 # KEYS: cool. ARGV: now, seconds. Returns the cooldown-until in force afterwards.
 _EXTEND_COOLDOWN = (
-    _NOW
+    LUA_NOW
     + """
 local new = now + tonumber(ARGV[2])
 local cur = tonumber(redis.call('GET', KEYS[1]) or '0')
@@ -107,7 +109,7 @@ return tostring(cur)
 
 # KEYS: up. ARGV: now, req_left, req_reset_s, tok_left, tok_reset_s ('' = not reported).
 _OBSERVE = (
-    _NOW
+    LUA_NOW
     + """
 local longest = 0
 if ARGV[2] ~= '' and ARGV[3] ~= '' then
@@ -126,7 +128,7 @@ return 1
 # KEYS: log, up, cool. ARGV: now, window_s. Returns now, cooldown, count, tokens, req_left,
 # req_reset, tok_left, tok_reset (strings; '' when unknown).
 _STATUS = (
-    _NOW
+    LUA_NOW
     + """
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - tonumber(ARGV[2]))
 local entries = redis.call('ZRANGE', KEYS[1], 0, -1)
