@@ -33,11 +33,6 @@ TEXTS = [
 ]
 
 
-def queues(service: str) -> list[str]:
-    prefix = os.environ.get("RENQ_QUEUE_PREFIX", "")
-    return [f"{prefix}{service}.{tier}" for tier in TIERS]
-
-
 # Each run's texts are new, so the result cache (enable_cache) does not answer them all.
 RUN = uuid.uuid4().hex[:6]
 
@@ -121,6 +116,10 @@ def main() -> int:
 
 
 def run_demo() -> int:
+    from inference.tiers import service_queue_names
+    from renq_site.celery import app
+    from routing.dispatch import io_queue_names
+
     key = (ROOT / "fixtures" / "DEMO_API_KEY").read_text().strip()
     upstream_port = free_port()
     env = {
@@ -142,10 +141,11 @@ def run_demo() -> int:
             stdout=subprocess.DEVNULL,
         )
         url = procs.web(free_port())
-        procs.worker("embedding-gpu", queues("embedding"))
-        control = os.environ.get("RENQ_QUEUE_PREFIX", "") + "renq.control"
-        procs.worker("small-models", queues("reranker") + queues("llm") + [control], beat=True)
-        procs.worker("io", io_queues(), concurrency=32, extra=["--pool", "threads"])
+        procs.worker("embedding-gpu", service_queue_names("embedding"))
+        small_models = service_queue_names("reranker") + service_queue_names("llm")
+        control = app.conf.task_default_queue
+        procs.worker("small-models", small_models + [control], beat=True)
+        procs.worker("io", io_queue_names(), concurrency=32, extra=["--pool", "threads"])
         flower = procs.flower(free_port())
         print(f"web {url}   flower {flower}   admin {url}/admin/   docs {url}/api/docs/")
 
@@ -175,11 +175,6 @@ def run_demo() -> int:
         print(f"{missing} jobs did not finish in time")
         return 1
     return 0
-
-
-def io_queues() -> list[str]:
-    prefix = os.environ.get("RENQ_QUEUE_PREFIX", "")
-    return [f"{prefix}io.{tier}" for tier in TIERS]
 
 
 def submit_all(session: requests.Session, url: str, bodies: list[dict]) -> list[str]:
