@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test bench venv services db fixtures setup lint worker web flower clean
+.PHONY: demo test bench venv services db fixtures setup browser lint worker web flower clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -32,8 +32,19 @@ fixtures: venv
 setup: db fixtures
 	$(PY) manage.py loaddata fixtures/demo.json -v 0
 	$(PY) manage.py load_routing_config fixtures/routing.yaml
+	$(PY) manage.py collectstatic --noinput -v 0
 
-test: setup
+# Headless Chromium + chromedriver (browser tests) and docker-compose v1, which validates
+# docker/docker-compose.yml without an engine. Best effort: without apt (or root) those
+# tests skip or check the file against the vendored schema only.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null && command -v docker-compose >/dev/null \
+	  || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	       && (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	           chromium chromium-driver docker-compose) >/tmp/renq-apt.log 2>&1 \
+	       || echo "note: chromium/chromedriver/docker-compose not installed (see /tmp/renq-apt.log)"; }
+
+test: setup browser
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 
@@ -51,9 +62,11 @@ web: setup
 	$(VENV)/bin/gunicorn renq_site.wsgi -b 127.0.0.1:8000 -w 2
 worker: setup
 	$(VENV)/bin/celery -A renq_site worker -l info --concurrency 1 \
-	  -Q embedding.realtime,embedding.api,embedding.batch,embedding.offline
+	  -Q embedding.realtime,embedding.api,embedding.batch,embedding.offline,embedding.bulk
 flower: venv
-	FLOWER_UNAUTHENTICATED_API=true $(VENV)/bin/celery -A renq_site flower --port=5555
+	@test -n "$${FLOWER_BASIC_AUTH:-}" || { echo "FLOWER_BASIC_AUTH is not set:" \
+	  "export FLOWER_BASIC_AUTH=user:password (the login for Flower's pages and API)"; exit 1; }
+	$(VENV)/bin/celery -A renq_site flower --port=5555 --basic-auth=$${FLOWER_BASIC_AUTH}
 
 clean:
 	rm -rf $(VENV) fixtures/models .pytest_cache .ruff_cache

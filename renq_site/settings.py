@@ -25,12 +25,17 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    # Swagger UI / ReDoc assets served from our own static files: the docs page works offline.
+    "drf_spectacular_sidecar",
     "inference",
     "routing",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Static files (admin CSS, the docs page's assets) come from the app server itself: gunicorn
+    # alone serves a working admin and docs page, no nginx needed.
+    "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -73,6 +78,10 @@ TIME_ZONE = "UTC"
 LANGUAGE_CODE = "en-us"
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
+# WhiteNoise also finds files in the apps' static folders (and prefers them to STATIC_ROOT), so
+# a missing or stale collectstatic never breaks the admin or the docs page. Not the Manifest
+# storage: it fails every page that uses a static file until collectstatic has run.
+WHITENOISE_USE_FINDERS = True
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["inference.auth.ApiKeyAuthentication"],
@@ -87,6 +96,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "renq API",
     "DESCRIPTION": "Submit inference jobs to renq's priority queues and read their results.",
     "VERSION": "1",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Celery / RabbitMQ -------------------------------------------------------------------

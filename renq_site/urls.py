@@ -3,7 +3,12 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 
+from renq_site import health
+
 urlpatterns = [
+    # Probes: no auth, no trailing slash (what load balancers and orchestrators expect).
+    path("healthz", health.healthz, name="healthz"),
+    path("readyz", health.readyz, name="readyz"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("inference.api.urls")),
     path(

@@ -5,6 +5,7 @@ REST, kill the embedding GPU worker halfway, and print what ran where, the casca
 from __future__ import annotations
 
 import os
+import secrets
 import statistics
 import subprocess
 import sys
@@ -146,8 +147,11 @@ def run_demo() -> int:
         control = app.conf.task_default_queue
         procs.worker("small-models", small_models + [control], beat=True)
         procs.worker("io", io_queue_names(), concurrency=32, extra=["--pool", "threads"])
-        flower = procs.flower(free_port())
+        # Flower's pages and API show every task's arguments: never without a login.
+        flower_auth = os.environ.get("FLOWER_BASIC_AUTH") or f"renq:{secrets.token_urlsafe(12)}"
+        flower = procs.flower(free_port(), flower_auth)
         print(f"web {url}   flower {flower}   admin {url}/admin/   docs {url}/api/docs/")
+        print(f"flower login (FLOWER_BASIC_AUTH): {flower_auth}")
 
         session = requests.Session()
         session.headers.update({"Authorization": f"Bearer {key}"})
@@ -167,7 +171,8 @@ def run_demo() -> int:
         print_samples(list(results.values()))
         print_cascade(list(results.values()))
         print_costs(submitted)
-        workers = requests.get(f"{flower}/api/workers", timeout=5).json()
+        flower_login = tuple(flower_auth.split(":", 1))
+        workers = requests.get(f"{flower}/api/workers", auth=flower_login, timeout=5).json()
         print(f"\nFlower sees {len(workers)} workers: {', '.join(sorted(workers))}")
         print("stopping processes ...")
     missing = len(submitted) - len(results)

@@ -40,7 +40,8 @@ if [ $ok = 0 ]; then
   cat <<'MSG'
 Start the missing services, either from your distribution's packages, e.g.
   sudo apt-get install postgresql rabbitmq-server redis-server
-or with Docker:
+or with Docker (the compose file wants its passwords in the environment; point DATABASE_URL,
+CELERY_BROKER_URL and RENQ_REDIS_URL at them):
   docker compose -f docker/docker-compose.yml up -d postgres rabbitmq redis
 then run the make target again.
 MSG

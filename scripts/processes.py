@@ -94,7 +94,9 @@ class ProcessGroup:
         wait_until(lambda: " ready." in log.read_text(), f"worker {name}", timeout_s=120)
         return log
 
-    def flower(self, port: int) -> str:
+    def flower(self, port: int, basic_auth: str) -> str:
+        """Flower on 127.0.0.1 behind basic auth ("user:password"), passed in the environment
+        (Flower reads FLOWER_<option>) so it is not in the process list."""
         self.start(
             "flower",
             [
@@ -105,9 +107,10 @@ class ProcessGroup:
                 f"--port={port}",
                 "--address=127.0.0.1",
             ],
-            env={"FLOWER_UNAUTHENTICATED_API": "true"},
+            env={"FLOWER_BASIC_AUTH": basic_auth},
         )
         url = f"http://127.0.0.1:{port}"
+        # /healthcheck is Flower's one page without auth.
         wait_until(lambda: requests.get(f"{url}/healthcheck", timeout=1).ok, "flower")
         return url
 
