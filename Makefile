@@ -46,6 +46,7 @@ browser:
 
 test: setup browser
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
 
 demo: setup
@@ -56,6 +57,7 @@ bench: setup
 
 lint: venv
 	$(PY) -m ruff check .
+	$(VENV)/bin/lint-imports
 
 # Long-running processes, for use by hand (the demo starts and stops its own).
 web: setup

@@ -38,10 +38,10 @@ from processes import ProcessGroup, free_port  # noqa: E402
 
 from inference.batching import BatchItem, BatchWindow  # noqa: E402
 from inference.bucketing import padding_stats, plan_length_buckets  # noqa: E402
-from inference.dispatch import publish_job  # noqa: E402
 from inference.engines import load_engine  # noqa: E402
 from inference.models import ApiKey, Job, Service, Tenant  # noqa: E402
-from inference.tiers import service_queue_names  # noqa: E402
+from inference.publishing import publish  # noqa: E402
+from inference.queues import service_queues  # noqa: E402
 from renq_site.celery import app  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -186,7 +186,7 @@ class Bench:
         )
         t0 = time.time()
         for job in rows:
-            publish_job(job.pk, SERVICE, "api", 2)
+            publish(job)
         jobs = self.wait_all([str(j.pk) for j in rows])
         return jobs, _span(jobs, t0)
 
@@ -259,7 +259,7 @@ def latency_stats(jobs: list[Job], span_s: float) -> dict:
 def reset_bench_queues() -> None:
     with app.connection_for_write() as conn:
         channel = conn.channel()
-        for name in service_queue_names(SERVICE) + ["bench.plain"]:
+        for name in service_queues(SERVICE) + ["bench.plain"]:
             app.amqp.queues[name](channel).declare()
             channel.queue_purge(name)
 
@@ -339,7 +339,7 @@ def main() -> int:
         print(results["plain_celery"], flush=True)
         procs.stop_one("bench-plain")
 
-        procs.worker("bench-renq", service_queue_names(SERVICE), threads=MODEL_THREADS)
+        procs.worker("bench-renq", service_queues(SERVICE), threads=MODEL_THREADS)
         print("== renq idle latency (realtime, sequential)", flush=True)
         bench.configure(batch_size=32, batch_timeout=0.01)
         results["idle"] = bench.idle_latency(20 if args.quick else 50)

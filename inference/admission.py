@@ -6,12 +6,9 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from functools import lru_cache
-
-import redis
-from django.conf import settings
 
 from inference.models import Job, JobStatus, Service, Tenant
+from renq_site.shared_redis import shared_redis
 
 
 @dataclass
@@ -23,11 +20,6 @@ class AdmissionRefused(Exception):
 
     def __str__(self) -> str:
         return self.message
-
-
-@lru_cache(maxsize=1)
-def shared_redis() -> redis.Redis:
-    return redis.Redis.from_url(settings.RENQ_REDIS_URL)
 
 
 def check_rate_limit(tenant: Tenant, service: Service, cost: int = 1) -> None:

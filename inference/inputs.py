@@ -5,12 +5,15 @@ Plain Python so the REST API, the bulk splitter and management commands share on
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 MAX_TEXT_CHARS = 20_000
 MAX_PROMPT_CHARS = 50_000
 MAX_GENERATION_TOKENS = 2048
+# What an LLM job gets when it names neither; the engines and adapters read the validated
+# payload, so these are written here only.
+DEFAULT_MAX_TOKENS = 64
+DEFAULT_TEMPERATURE = 0.0
 
 
 class InputError(ValueError):
@@ -96,7 +99,7 @@ def validate_llm(payload: Any, *, max_items: int, field: str = "input") -> dict:
         raise InputError(f"{field}.prompt", "must be a non-empty string.")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise InputError(f"{field}.prompt", f"is longer than {MAX_PROMPT_CHARS} characters.")
-    max_tokens = payload.get("max_tokens", 64)
+    max_tokens = payload.get("max_tokens", DEFAULT_MAX_TOKENS)
     if (
         isinstance(max_tokens, bool)
         or not isinstance(max_tokens, int)
@@ -105,20 +108,9 @@ def validate_llm(payload: Any, *, max_items: int, field: str = "input") -> dict:
         raise InputError(
             f"{field}.max_tokens", f"must be an integer from 1 to {MAX_GENERATION_TOKENS}."
         )
-    temperature = payload.get("temperature", 0.0)
+    temperature = payload.get("temperature", DEFAULT_TEMPERATURE)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float):
         raise InputError(f"{field}.temperature", "must be a number from 0 to 2.")
     if not 0.0 <= float(temperature) <= 2.0:
         raise InputError(f"{field}.temperature", "must be a number from 0 to 2.")
     return {"prompt": prompt, "max_tokens": max_tokens, "temperature": float(temperature)}
-
-
-VALIDATORS: dict[str, Callable[..., dict]] = {
-    "embedding": validate_embedding,
-    "reranker": validate_reranker,
-    "llm": validate_llm,
-}
-
-
-def validate_input(kind: str, payload: Any, *, max_items: int, field: str = "input") -> dict:
-    return VALIDATORS[kind](payload, max_items=max_items, field=field)

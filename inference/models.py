@@ -11,6 +11,7 @@ from django.db import models
 from django.utils import timezone
 
 from inference.tiers import PLAN_BOOST, Plan, Tier
+from inference.transitions import TERMINAL_STATUSES, JobQuerySet, JobStatus
 
 
 class Tenant(models.Model):
@@ -152,23 +153,6 @@ class Service(models.Model):
         return {field: getattr(self, field) for field in self.RUNTIME_FIELDS}
 
 
-class JobStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
-    EXPIRED = "expired", "Expired"
-    CANCELLED = "cancelled", "Cancelled"
-
-
-TERMINAL_STATUSES = (
-    JobStatus.SUCCEEDED,
-    JobStatus.FAILED,
-    JobStatus.EXPIRED,
-    JobStatus.CANCELLED,
-)
-
-
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="jobs")
@@ -215,6 +199,9 @@ class Job(models.Model):
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="pieces"
     )
     piece_index = models.PositiveIntegerField(null=True, blank=True)
+
+    # Every status change goes through the state machine (inference.transitions).
+    objects = JobQuerySet.as_manager()
 
     class Meta:
         ordering = ["-created_at"]

@@ -10,11 +10,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from inference.admission import check_queue_capacity, check_rate_limit
-from inference.dispatch import publish_on_commit
-from inference.inputs import InputError, validate_input
+from inference.inputs import InputError
+from inference.kinds import validate_input
 from inference.models import Job, JobStatus, Service, Tenant
+from inference.placement import route_on_submit
+from inference.publishing import publish_on_commit
 from inference.tiers import Tier
-from routing.dispatch import route_job_on_commit
 
 
 def resolve_service(name: Any) -> Service:
@@ -85,16 +86,14 @@ def submit_job(*, tenant: Tenant, service_name: Any, payload: Any, priority: Any
             input=clean,
             input_hash=digest,
         )
-        # A service with a route gets a backend chosen (routing/); without one, as before.
-        if not route_job_on_commit(job):
-            publish_on_commit(job)
+        # A service with a route gets a backend chosen; the publish goes where it says.
+        route_on_submit(job)
+        publish_on_commit(job)
     return job
 
 
 def cancel_job(job: Job) -> bool:
     """Cancel a queued job. Returns False if a worker already claimed or finished it."""
-    updated = Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(
-        status=JobStatus.CANCELLED, finished_at=timezone.now(), error="cancelled by request"
-    )
+    cancelled = Job.objects.filter(pk=job.pk).cancel()
     job.refresh_from_db()
-    return bool(updated)
+    return bool(cancelled)

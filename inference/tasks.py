@@ -1,16 +1,25 @@
-"""Celery tasks: thin wrappers over the batch runner and the sweeps."""
+"""Celery tasks: thin wrappers over the workers (inference.workers) and bulk assembly.
+
+| task                     | queue                          | process    |
+|--------------------------|--------------------------------|------------|
+| inference.run_job        | <service>.<tier>, <service>.bulk | GPU worker |
+| inference.call_backend   | io.<tier>                      | I/O worker |
+| inference.finish_bulk / fail_bulk | <service>.bulk        | GPU worker |
+| inference.sweep          | renq.control (beat)            | control    |
+"""
 
 from __future__ import annotations
 
 from celery import shared_task
 from celery.signals import worker_process_init, worker_process_shutdown
 
-from inference.batch_runner import BatchRunner
-from inference.bulk import fail_bulk, finish_bulk, requeue_failed_piece
-from inference.sweeps import sweep_jobs
-from inference.tier_reader import TierQueueReader
+from inference.bulk import fail_bulk, finish_bulk, retry_failed_piece
 from inference.tiers import Tier
-from inference.warmup import warm_engines_for_consumed_queues
+from inference.workers.cloud import run_cloud_attempt
+from inference.workers.gpu import BatchRunner
+from inference.workers.sweeper import sweep_jobs
+from inference.workers.tier_reader import TierQueueReader
+from inference.workers.warmup import warm_engines_for_consumed_queues
 from renq_site.celery import app
 
 _readers: dict[str, TierQueueReader] = {}
@@ -40,9 +49,15 @@ def run_job(self, job_id: str) -> dict:
         seed_tier=tier if tier in Tier.values else None,
     )
     # A failed piece of a bulk job (a chord member) is retried alone, not the whole bulk.
-    if report["seed_failed"] and self.request.chord and requeue_failed_piece(job_id):
+    if report["seed_failed"] and self.request.chord and retry_failed_piece(job_id):
         raise self.retry(countdown=1, max_retries=None)
     return report
+
+
+@shared_task(name="inference.call_backend", bind=True)
+def call_backend(self, job_id: str, backend_id: int) -> dict:
+    info = self.request.delivery_info or {}
+    return run_cloud_attempt(job_id, backend_id, redelivered=bool(info.get("redelivered")))
 
 
 @shared_task(name="inference.finish_bulk")

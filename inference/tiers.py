@@ -1,12 +1,7 @@
-"""Priority tiers, plan boosts and the queue each job goes to.
-
-Tiers are separate RabbitMQ queues (`<service>.<tier>`), so a worker decides which tier to serve
-next; the plan boost is the AMQP message priority inside a tier queue.
-"""
+"""Priority tiers, plan boosts and aging. The queues they map to are in inference.queues."""
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.db import models
 
 
@@ -39,7 +34,6 @@ class Plan(models.TextChoices):
 
 # AMQP message priority within a tier queue. Kept small: each level is a sub-queue in RabbitMQ.
 PLAN_BOOST: dict[str, int] = {Plan.ENTERPRISE: 3, Plan.PRO: 2, Plan.FREE: 1}
-MAX_MESSAGE_PRIORITY = 3
 
 
 # Aging: how long a tier may go unserved while it has work before a worker serves it first.
@@ -52,18 +46,3 @@ AGING_INTERVAL_S: dict[str, float] = {
     Tier.BATCH: 5.0,
     Tier.OFFLINE: 30.0,
 }
-
-
-def queue_name(service_name: str, tier: str) -> str:
-    return f"{settings.RENQ_QUEUE_PREFIX}{service_name}.{Tier(tier).value}"
-
-
-def bulk_queue_name(service_name: str) -> str:
-    """Pieces of bulk jobs: delivered by Celery only (never pulled by the batch runner), so
-    the chord's result backend sees every piece finish."""
-    return f"{settings.RENQ_QUEUE_PREFIX}{service_name}.bulk"
-
-
-def service_queue_names(service_name: str) -> list[str]:
-    """Every queue a worker for this service consumes (`celery worker -Q ...`)."""
-    return [queue_name(service_name, tier) for tier in TIER_ORDER] + [bulk_queue_name(service_name)]

@@ -6,6 +6,10 @@ from celery import Celery
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
 
+# The queue topology (names, max priority) is defined once, in inference.queues; it needs only
+# settings, not the app registry, so importing it here is safe before Django is set up.
+from inference import queues  # noqa: E402
+
 app = Celery("renq_site")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.conf.update(
@@ -20,9 +24,9 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     # Queues the worker creates from -Q get the same arguments as the ones we declare on publish;
     # a mismatch would be a 406 PRECONDITION_FAILED.
-    task_queue_max_priority=3,
+    task_queue_max_priority=queues.MAX_PRIORITY,
     task_default_priority=0,
-    task_default_queue=os.environ.get("RENQ_QUEUE_PREFIX", "") + "renq.control",
+    task_default_queue=queues.control_queue(),
     worker_cancel_long_running_tasks_on_connection_loss=True,
     # Hard limit far below RabbitMQ's consumer_timeout (30 min) so the channel is never closed
     # under a running batch (celery#6760).

@@ -30,7 +30,6 @@ import yaml
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
-from inference.models import Service
 from routing.models import Backend, Route, RouteEntry
 
 BACKEND_FIELDS = {
@@ -109,11 +108,14 @@ def load_routing_config(data: dict) -> dict[str, int]:
     routes = data.get("routes") or []
     for i, spec in enumerate(routes):
         where = f"routes[{i}]"
+        # The service model, reached through the route's foreign key: routing imports
+        # nothing from the job lifecycle it serves.
+        service_model = Route._meta.get_field("service").related_model
         try:
-            service = Service.objects.get(name=spec["service"])
+            service = service_model.objects.get(name=spec["service"])
         except (KeyError, TypeError):
             raise ConfigError(f"{where}: needs a service.") from None
-        except Service.DoesNotExist:
+        except service_model.DoesNotExist:
             raise ConfigError(f"{where}: unknown service '{spec['service']}'.") from None
         route, _ = Route.objects.update_or_create(
             service=service, defaults={"enabled": spec.get("enabled", True)}

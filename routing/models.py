@@ -15,7 +15,7 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MinValueValidator
 from django.db import models
 
-from inference.models import Job, Service, ServiceKind
+from routing.backends import BackendAdapter, adapter_for, known_service_kinds
 
 
 class BackendKind(models.TextChoices):
@@ -26,10 +26,11 @@ class BackendKind(models.TextChoices):
 def _validate_service_kinds(value) -> None:
     if not isinstance(value, list) or not value:
         raise ValidationError("must be a non-empty list of service kinds.")
-    unknown = sorted(set(value) - set(ServiceKind.values))
+    known = sorted(known_service_kinds())
+    unknown = sorted(set(value) - set(known))
     if unknown:
         raise ValidationError(
-            f"unknown service kind(s) {', '.join(unknown)}; known: {', '.join(ServiceKind.values)}."
+            f"unknown service kind(s) {', '.join(unknown)}; known: {', '.join(known)}."
         )
 
 
@@ -108,9 +109,8 @@ class Backend(models.Model):
     def __str__(self) -> str:
         return self.name
 
-    @property
-    def is_local(self) -> bool:
-        return self.kind == BackendKind.LOCAL
+    def adapter(self) -> BackendAdapter:
+        return adapter_for(self)
 
     @property
     def is_free(self) -> bool:
@@ -130,8 +130,9 @@ class Backend(models.Model):
 
 
 class Route(models.Model):
+    # By string: routing is a library under the job lifecycle and imports nothing from it.
     service = models.OneToOneField(
-        Service,
+        "inference.Service",
         on_delete=models.CASCADE,
         related_name="route",
         help_text="A service with no (enabled) route runs on its local queues only, as before.",
@@ -173,7 +174,7 @@ class JobRoute(models.Model):
     """The routing decision of one job, kept current as the cascade moves it on."""
 
     job = models.OneToOneField(
-        Job, on_delete=models.CASCADE, primary_key=True, related_name="route"
+        "inference.Job", on_delete=models.CASCADE, primary_key=True, related_name="route"
     )
     backend = models.ForeignKey(
         Backend, on_delete=models.PROTECT, related_name="+", help_text="Backend running it now."
@@ -201,7 +202,9 @@ class AttemptOutcome(models.TextChoices):
 
 
 class JobAttempt(models.Model):
-    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="routing_attempts")
+    job = models.ForeignKey(
+        "inference.Job", on_delete=models.CASCADE, related_name="routing_attempts"
+    )
     backend = models.ForeignKey(Backend, on_delete=models.PROTECT, related_name="attempts")
     started_at = models.DateTimeField(help_text="When this backend started on the job.")
     finished_at = models.DateTimeField(help_text="When this backend's answer (or error) came.")

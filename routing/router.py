@@ -1,9 +1,12 @@
-"""Which backend runs a job: `Router.choose(job) -> RoutingDecision`.
+"""Which backend runs a job: `Router.choose(request) -> RoutingDecision`.
+
+The caller describes the job as a `RoutingRequest` (routing knows nothing of jobs).
 
 1. Candidates: the route's enabled backends that can serve the job (service kind, estimated
    tokens ≤ max_context_tokens) and are healthy (not cooling down after a 429, breaker not
-   open, rate-limit headroom left, upstream's remaining quota not 0; for a local backend, a
-   GPU worker consuming the service's queues, as RabbitMQ counts consumers).
+   open, rate-limit headroom left, upstream's remaining quota not 0, and whatever its adapter
+   requires: a GPU worker consuming the service's queues for the local backend, the API key's
+   variable set for a cloud one).
 2. Capacity-aware spill-over: the local backend wins whenever its predicted wait meets the
    job's tier target (`routing.capacity`); cheap local GPU first. Only when it would break the
    target does the job go to the cloud, so realtime spills under a backlog and offline waits.
@@ -31,13 +34,12 @@ import math
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from inference.admission import shared_redis
-from inference.models import Job, Service
-from routing import capacity
+from renq_site.shared_redis import shared_redis
+from routing.backends import Placement
 from routing.breaker import CircuitBreaker
-from routing.capacity import LocalWait, predict_local_wait
 from routing.limits import RateLimitTracker
-from routing.models import Backend, Route, RouteEntry
+from routing.models import Backend, RouteEntry
+from routing.request import LocalWait, RoutingRequest
 from routing.stats import measured_latency_s
 
 # A backend at the end of its rate window looks this much slower (×2 at 0 headroom).
@@ -46,23 +48,8 @@ HEADROOM_PENALTY = 1.0
 SECONDS_PER_USD = 1000.0
 # Latency assumed when no cloud backend of the route has been measured yet.
 PRIOR_CLOUD_LATENCY_S = 0.5
-# Rough tokens per character for estimates before a tokenizer has seen the input.
-CHARS_PER_TOKEN = 4
 # Golden-ratio step of the A/B sequence: n × φ mod 1 spreads picks evenly for any weights.
 _GOLDEN = (math.sqrt(5) - 1) / 2
-
-
-def estimate_tokens(service_kind: str, payload: dict) -> tuple[int, int]:
-    """(input, output) tokens, estimated from characters; for limits, costs and context."""
-    if service_kind == "embedding":
-        chars = sum(len(t) for t in payload.get("texts", []))
-        return max(1, chars // CHARS_PER_TOKEN), 0
-    if service_kind == "reranker":
-        query = len(payload.get("query", ""))
-        chars = sum(query + len(d) for d in payload.get("documents", []))
-        return max(1, chars // CHARS_PER_TOKEN), 0
-    chars = len(payload.get("prompt", ""))
-    return max(1, chars // CHARS_PER_TOKEN), int(payload.get("max_tokens", 64))
 
 
 @dataclass
@@ -80,6 +67,10 @@ class Candidate:
     def backend(self) -> Backend:
         return self.entry.backend
 
+    @property
+    def is_local(self) -> bool:
+        return self.backend.adapter().placement is Placement.LOCAL_WORKERS
+
 
 @dataclass
 class RoutingDecision:
@@ -89,19 +80,15 @@ class RoutingDecision:
     scores: dict[str, float] = field(default_factory=dict)
 
 
-def route_entries(service: Service) -> list[RouteEntry]:
+def route_entries(service_id: int) -> list[RouteEntry]:
     """The service's enabled route, in cascade order; [] when it has none."""
     return list(
         RouteEntry.objects.filter(
-            route__service=service, route__enabled=True, backend__enabled=True
+            route__service_id=service_id, route__enabled=True, backend__enabled=True
         )
         .select_related("backend", "route")
         .order_by("order", "id")
     )
-
-
-def has_route(service: Service) -> bool:
-    return Route.objects.filter(service=service, enabled=True).exists()
 
 
 class Router:
@@ -117,23 +104,27 @@ class Router:
 
     # --- health and scores ----------------------------------------------------------------
 
-    def assess(self, entry: RouteEntry, job: Job, tokens: tuple[int, int]) -> Candidate:
+    def assess(self, entry: RouteEntry, request: RoutingRequest) -> Candidate:
         backend = entry.backend
         candidate = Candidate(entry)
-        if not backend.can_serve(job.service.kind, sum(tokens)):
+        if not backend.can_serve(request.service_kind, request.tokens):
             candidate.available = False
-            candidate.why_not = f"cannot serve {job.service.kind} jobs of ~{sum(tokens)} tokens"
+            candidate.why_not = (
+                f"cannot serve {request.service_kind} jobs of ~{request.tokens} tokens"
+            )
             return candidate
         state = self.breaker.peek(backend)
         if not state.allowed:
             candidate.available = False
             candidate.why_not = f"circuit breaker {state.state}"
             return candidate
-        if backend.is_local:
-            if capacity.local_consumer_count(job.service.name) == 0:
-                candidate.available = False
-                candidate.why_not = f"no worker consuming the {job.service.name} queues"
+        why_not = backend.adapter().unavailable_reason(request)
+        if why_not:
+            candidate.available = False
+            candidate.why_not = why_not
             return candidate
+        if candidate.is_local:
+            return candidate  # its capacity is judged by the predicted wait, below
         status = self.limits.status(backend)
         if status.cooling_down:
             candidate.available = False
@@ -141,13 +132,13 @@ class Router:
                 f"cooling down after 429 for {status.cooldown_until - status.now:.1f} s more"
             )
             return candidate
-        candidate.headroom = self.limits.headroom(backend, sum(tokens))
+        candidate.headroom = self.limits.headroom(backend, request.tokens)
         if candidate.headroom <= 0:
             candidate.available = False
             candidate.why_not = "rate limit reached (configured rpm/tpm or upstream remaining)"
             return candidate
         candidate.measured_latency_s = measured_latency_s(backend.pk)
-        candidate.cost_usd = float(backend.cost_of(*tokens))
+        candidate.cost_usd = float(backend.cost_of(request.input_tokens, request.output_tokens))
         return candidate
 
     @staticmethod
@@ -155,7 +146,7 @@ class Router:
         """Fill in latency and score of the available cloud candidates. A backend never
         measured is assumed as fast as the fastest measured one (optimistic, so new backends
         and backends back from a cooldown get traffic and a measurement)."""
-        cloud = [c for c in candidates if c.available and not c.backend.is_local]
+        cloud = [c for c in candidates if c.available and not c.is_local]
         known = [c.measured_latency_s for c in cloud if c.measured_latency_s is not None]
         prior = min(known) if known else PRIOR_CLOUD_LATENCY_S
         for c in cloud:
@@ -180,26 +171,26 @@ class Router:
 
     # --- decisions ------------------------------------------------------------------------
 
-    def choose(self, job: Job) -> RoutingDecision | None:
-        """None when the job's service has no enabled route (it runs locally, as always)."""
-        entries = route_entries(job.service)
+    def choose(self, request: RoutingRequest) -> RoutingDecision | None:
+        """None when the service has no enabled route (its jobs run locally, as always)."""
+        entries = route_entries(request.service_id)
         if not entries:
             return None
-        tokens = estimate_tokens(job.service.kind, job.input)
-        candidates = [self.assess(entry, job, tokens) for entry in entries]
+        tier = request.tier
+        candidates = [self.assess(entry, request) for entry in entries]
         self.score(candidates)
         scores = {c.backend.name: round(c.score, 6) for c in candidates if c.score is not None}
-        local = next((c for c in candidates if c.backend.is_local), None)
+        local = next((c for c in candidates if c.is_local), None)
         wait: LocalWait | None = None
         local_note = ""
         if local is not None:
-            wait = predict_local_wait(job.service, job.tier)
+            wait = request.local.predicted_wait()
             scores[local.backend.name] = round(wait.wait_s, 6)
             if local.available and wait.meets_target:
                 return RoutingDecision(
                     local.backend,
                     f"local: predicted wait {wait.wait_s:.2f} s ({wait.jobs_ahead} jobs at "
-                    f"{wait.throughput_jobs_s:.1f}/s) meets the {job.tier} target "
+                    f"{wait.throughput_jobs_s:.1f}/s) meets the {tier} target "
                     f"{wait.target_s:g} s",
                     wait.wait_s,
                     scores,
@@ -208,10 +199,10 @@ class Router:
                 f"local {local.why_not}; "
                 if not local.available
                 else f"spill-over: predicted local wait {wait.wait_s:.2f} s ({wait.jobs_ahead} "
-                f"jobs at {wait.throughput_jobs_s:.1f}/s) exceeds the {job.tier} target "
+                f"jobs at {wait.throughput_jobs_s:.1f}/s) exceeds the {tier} target "
                 f"{wait.target_s:g} s; "
             )
-        cloud = [c for c in candidates if c.available and not c.backend.is_local]
+        cloud = [c for c in candidates if c.available and not c.is_local]
         predicted = wait.wait_s if wait is not None else None
         if cloud:
             best = min(cloud, key=lambda c: c.score)
@@ -257,19 +248,18 @@ class Router:
         )
 
     def fallback_after(
-        self, job: Job, failed: Backend, tried: Collection[int]
+        self, request: RoutingRequest, failed: Backend, tried: Collection[int]
     ) -> tuple[RoutingDecision | None, list[str]]:
         """The next backend after `failed`: untried, healthy, at the same or a later order.
         Returns (decision or None, why each skipped backend was skipped)."""
-        entries = route_entries(job.service)
-        tokens = estimate_tokens(job.service.kind, job.input)
+        entries = route_entries(request.service_id)
         failed_order = next((e.order for e in entries if e.backend_id == failed.pk), -1)
         skipped: list[str] = []
         by_order: dict[int, list[Candidate]] = {}
         for entry in entries:
             if entry.order < failed_order or entry.backend_id in tried:
                 continue
-            candidate = self.assess(entry, job, tokens)
+            candidate = self.assess(entry, request)
             if not candidate.available:
                 skipped.append(f"{entry.backend.name}: skipped ({candidate.why_not})")
                 continue

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import redis
 
-from inference.admission import shared_redis
+from renq_site.shared_redis import shared_redis
 
 # Weight of the newest sample: ~10 samples dominate, so a slow spell shows within seconds.
 EWMA_ALPHA = 0.2

@@ -117,9 +117,8 @@ def main() -> int:
 
 
 def run_demo() -> int:
-    from inference.tiers import service_queue_names
+    from inference.queues import io_queues, service_queues
     from renq_site.celery import app
-    from routing.dispatch import io_queue_names
 
     key = (ROOT / "fixtures" / "DEMO_API_KEY").read_text().strip()
     upstream_port = free_port()
@@ -142,11 +141,11 @@ def run_demo() -> int:
             stdout=subprocess.DEVNULL,
         )
         url = procs.web(free_port())
-        procs.worker("embedding-gpu", service_queue_names("embedding"))
-        small_models = service_queue_names("reranker") + service_queue_names("llm")
+        procs.worker("embedding-gpu", service_queues("embedding"))
+        small_models = service_queues("reranker") + service_queues("llm")
         control = app.conf.task_default_queue
         procs.worker("small-models", small_models + [control], beat=True)
-        procs.worker("io", io_queue_names(), concurrency=32, extra=["--pool", "threads"])
+        procs.worker("io", io_queues(), concurrency=32, extra=["--pool", "threads"])
         # Flower's pages and API show every task's arguments: never without a login.
         flower_auth = os.environ.get("FLOWER_BASIC_AUTH") or f"renq:{secrets.token_urlsafe(12)}"
         flower = procs.flower(free_port(), flower_auth)

@@ -19,6 +19,8 @@ TEST_QUEUE_PREFIX = os.environ.get("RENQ_TEST_QUEUE_PREFIX", "test.")
 TEST_REDIS_URL = os.environ.get("RENQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/2")
 TEST_DB_NAME = os.environ.get("RENQ_TEST_DATABASE", "renq_test")
 SERVICE_KINDS = ("embedding", "reranker", "llm")
+# Backends, routes, the fake upstream and I/O workers, for the tests of both packages.
+pytest_plugins = ["tests.routing_fixtures"]
 
 
 def pytest_configure(config):
@@ -26,6 +28,9 @@ def pytest_configure(config):
     os.environ["RENQ_REDIS_URL"] = TEST_REDIS_URL
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    # The fake upstream's key, set before any worker process starts: the router skips a cloud
+    # backend whose key variable is unset, in whichever process decides (web, GPU or I/O worker).
+    os.environ.setdefault("RENQ_TEST_FAKE_API_KEY", "sk-test-fake")
     from django.conf import settings
 
     settings.RENQ_QUEUE_PREFIX = TEST_QUEUE_PREFIX
@@ -33,9 +38,9 @@ def pytest_configure(config):
 
 
 def _test_queue_names() -> list[str]:
-    from inference.tiers import service_queue_names
+    from inference.queues import service_queues
 
-    return [q for kind in SERVICE_KINDS for q in service_queue_names(kind)]
+    return [q for kind in SERVICE_KINDS for q in service_queues(kind)]
 
 
 def purge_test_queues() -> None:
@@ -50,7 +55,7 @@ def purge_test_queues() -> None:
 
 @pytest.fixture(autouse=True)
 def _fresh_redis():
-    from inference.admission import shared_redis
+    from renq_site.shared_redis import shared_redis
 
     shared_redis.cache_clear()
     shared_redis().flushdb()
@@ -122,10 +127,10 @@ class WorkerProcess:
         pool: str = "prefork",
         wait: bool = True,
     ):
-        from inference.tiers import service_queue_names
+        from inference.queues import service_queues
 
         # extra_queues/pool: e.g. routing's I/O workers, a thread pool on the io.<tier> queues.
-        names = [q for s in services for q in service_queue_names(s)] + list(extra_queues)
+        names = [q for s in services for q in service_queues(s)] + list(extra_queues)
         queues = ",".join(names)
         env = dict(os.environ)
         env.update(

@@ -4,6 +4,7 @@ from rest_framework import serializers
 
 from inference.bulk import bulk_progress
 from inference.models import Job, Service
+from inference.publishing import current_route
 from inference.tiers import Tier
 
 
@@ -82,8 +83,8 @@ class JobAcceptedSerializer(JobSerializer):
 
     @staticmethod
     def _route(job: Job):
-        # Submission caches the routing decision on the job; no decision means no route.
-        return job.route if Job.route.is_cached(job) else None
+        # Submission caches the routing decision (or "none") on the job: no query here.
+        return current_route(job)
 
     def get_backend(self, job: Job) -> str | None:
         route = self._route(job)

@@ -12,11 +12,11 @@ from inference.engines.base import Engine, pick_device, resolve_model_path
 from inference.engines.embedding import EmbeddingEngine
 from inference.engines.llm import LlmEngine
 from inference.engines.reranker import RerankerEngine
+from inference.kinds import KINDS
 
+# The kinds registry names each kind's engine; this is the same mapping, resolved.
 ENGINE_CLASSES: dict[str, type[Engine]] = {
-    "embedding": EmbeddingEngine,
-    "reranker": RerankerEngine,
-    "llm": LlmEngine,
+    name: spec.engine_class() for name, spec in KINDS.items()
 }
 
 _loaded_engines: dict[tuple[str, str, str], Engine] = {}

@@ -15,9 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from inference.engines.base import Engine, pad_token_rows
-
-DEFAULT_MAX_TOKENS = 64
-DEFAULT_TEMPERATURE = 0.0
+from inference.inputs import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 
 
 class LlmEngine(Engine):

@@ -18,9 +18,23 @@ Library errors (requests, json) are translated to these in exactly one place per
 from __future__ import annotations
 
 import abc
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from routing.request import RoutingRequest
+
+# The service kinds renq's result shapes are defined for.
+SERVICE_KINDS = ("embedding", "reranker", "llm")
+
+
+class Placement(enum.Enum):
+    """Where a job given to a backend runs, and so which queue its message goes to."""
+
+    LOCAL_WORKERS = "local"  # the service's own GPU workers (its tier queues); no call here
+    IO_WORKERS = "io"  # an I/O worker calls the backend's API (the io.<tier> queues)
 
 
 @dataclass
@@ -98,10 +112,17 @@ class LocalEngineError(BackendError):
 
 class BackendAdapter(abc.ABC):
     """One per backend kind. `call` runs one job's payload and returns renq's result shape,
-    or raises a BackendError."""
+    or raises a BackendError; `unavailable_reason` says why the router must not pick it now."""
+
+    placement: ClassVar[Placement] = Placement.IO_WORKERS
+    service_kinds: ClassVar[tuple[str, ...]] = SERVICE_KINDS
 
     def __init__(self, backend: Any):
         self.backend = backend
+
+    def unavailable_reason(self, request: RoutingRequest) -> str | None:
+        """Why this backend cannot take the job now (beyond limits and breaker), or None."""
+        return None
 
     @abc.abstractmethod
     def call(self, job_payload: dict, service_kind: str) -> AdapterResult: ...

@@ -105,12 +105,12 @@ def parse_embeddings(body: Mapping, payload: Mapping) -> tuple[dict, int, int]:
 
 
 def chat_request(model: str, payload: Mapping) -> tuple[str, dict]:
-    return "/chat/completions", {
-        "model": model,
-        "messages": [{"role": "user", "content": payload["prompt"]}],
-        "max_tokens": payload.get("max_tokens", 64),
-        "temperature": payload.get("temperature", 0.0),
-    }
+    body = {"model": model, "messages": [{"role": "user", "content": payload["prompt"]}]}
+    # renq's validation fills in the defaults; what a payload leaves out, the API decides.
+    for name in ("max_tokens", "temperature"):
+        if name in payload:
+            body[name] = payload[name]
+    return "/chat/completions", body
 
 
 def parse_chat(body: Mapping, payload: Mapping) -> tuple[dict, int, int]:
@@ -164,6 +164,22 @@ ENDPOINTS = {
 
 
 class OpenAIAdapter(BackendAdapter):
+    service_kinds = tuple(ENDPOINTS)
+
+    def missing_key_variable(self) -> str | None:
+        """The name of the unset environment variable that should hold the key, if any."""
+        backend = self.backend
+        if backend.api_key_env and not backend.api_key():
+            return backend.api_key_env
+        return None
+
+    def unavailable_reason(self, request) -> str | None:
+        # A backend that cannot authenticate fails every job: never choose it.
+        missing = self.missing_key_variable()
+        if missing:
+            return f"misconfigured: environment variable {missing} is not set"
+        return None
+
     def call(self, job_payload: dict, service_kind: str) -> AdapterResult:
         backend = self.backend
         try:
@@ -173,12 +189,12 @@ class OpenAIAdapter(BackendAdapter):
         path, body = build(backend.model_name, job_payload)
         headers = {"Content-Type": "application/json"}
         if backend.api_key_env:
-            key = backend.api_key()
-            if not key:
+            missing = self.missing_key_variable()
+            if missing:
                 raise BackendMisconfigured(
-                    f"{backend.name}: environment variable {backend.api_key_env} is not set"
+                    f"{backend.name}: environment variable {missing} is not set"
                 )
-            headers["Authorization"] = f"Bearer {key}"
+            headers["Authorization"] = f"Bearer {backend.api_key()}"
         url = backend.base_url.rstrip("/") + path
         started = time.perf_counter()
         with translated_errors(backend.name, backend.timeout_s):

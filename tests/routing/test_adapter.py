@@ -18,7 +18,7 @@ from routing.backends.base import (
     UpstreamRateLimited,
     UpstreamServerError,
 )
-from tests.routing.conftest import FAKE_API_KEY
+from tests.routing_fixtures import FAKE_API_KEY
 
 pytestmark = pytest.mark.django_db
 SAMPLES = Path(__file__).with_name("openai_samples")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference.admission import shared_redis
+from renq_site.shared_redis import shared_redis
 from routing.breaker import CircuitBreaker
 
 

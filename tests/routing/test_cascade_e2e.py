@@ -8,9 +8,10 @@ import time
 import pytest
 
 from inference.models import Job, JobStatus
+from inference.placement import record_decision
+from inference.publishing import publish
 from inference.submission import submit_job
 from routing.capacity import record_local_batch
-from routing.dispatch import publish_to_backend, record_decision
 from routing.models import AttemptOutcome, JobAttempt
 from routing.router import RoutingDecision
 from tests.conftest import wait_for_job
@@ -99,7 +100,7 @@ def test_429_cools_the_backend_down_for_every_worker_then_it_returns(
             tenant=tenant, service=service, tier="realtime", input={"texts": [f"in flight {i}"]}
         )
         record_decision(job, RoutingDecision(free, "test: sent to free directly"))
-        assert publish_to_backend(job.pk, free, service.name, "realtime", 1)
+        assert publish(job)
         in_flight.append(job)
     # And the router sends new jobs straight to the next backend meanwhile.
     routed = submit(tenant, "cloudonly")
@@ -308,8 +309,8 @@ def test_jobs_stranded_on_a_stopped_local_worker_go_down_the_cascade(
 
     from django.utils import timezone
 
-    from inference.claims import Outcome, claim_jobs, store_outcomes
-    from routing.cascade import rescue_stranded_local_jobs
+    from inference.transitions import Outcome
+    from inference.workers.sweeper import rescue_stranded_local_jobs
 
     service = make_service("embedding", name="stranded")
     tenant, _ = make_tenant()
@@ -321,7 +322,7 @@ def test_jobs_stranded_on_a_stopped_local_worker_go_down_the_cascade(
     assert all(job.route.backend == local for job in jobs)
 
     # The worker was running the first job when it died: its claim is left behind.
-    dead = claim_jobs([str(jobs[0].pk)], worker="dead-gpu-worker")
+    dead = Job.objects.claim([str(jobs[0].pk)], worker="dead-gpu-worker")
     Job.objects.filter(pk=jobs[0].pk).update(claimed_at=timezone.now() - timedelta(seconds=60))
 
     # A worker is consuming: queued jobs are only waiting their turn.
@@ -329,7 +330,8 @@ def test_jobs_stranded_on_a_stopped_local_worker_go_down_the_cascade(
     gpu_consumer.detach()  # the GPU worker stops; its unacked message goes back to the queue
     assert rescue_stranded_local_jobs(stranded_after_s=0) == 3
     # Should the dead worker come back with a result, it is no longer the job's to store.
-    assert store_outcomes(dead.token, [Outcome(job=dead.jobs[0], result={"late": True})]) == 0
+    late = [Outcome(job=dead.jobs[0], result={"late": True})]
+    assert Job.objects.store_outcomes(dead.token, late) == 0
 
     for job in jobs:
         done = wait_for_job(job.pk, timeout_s=20)

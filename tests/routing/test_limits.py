@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from inference.admission import shared_redis
+from renq_site.shared_redis import shared_redis
 from routing.limits import RateLimitTracker, parse_duration_s, parse_rate_headers
 from tests.conftest import ROOT, TEST_REDIS_URL
 

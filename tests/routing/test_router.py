@@ -8,6 +8,7 @@ from decimal import Decimal
 import pytest
 
 from inference.models import Job, JobStatus, Service
+from inference.placement import routing_request
 from inference.submission import submit_job
 from routing.breaker import CircuitBreaker
 from routing.capacity import record_local_batch
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.django_db
 
 
 def a_job(service, tenant, tier="api", texts=("hello world",)):
-    return Job(service=service, tenant=tenant, tier=tier, input={"texts": list(texts)})
+    """What the router sees of a job: the lifecycle describes it (inference.placement)."""
+    job = Job(service=service, tenant=tenant, tier=tier, input={"texts": list(texts)})
+    return routing_request(job)
 
 
 def test_weighted_split_90_10_over_1000_decisions(

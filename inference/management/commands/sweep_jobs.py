@@ -1,6 +1,6 @@
 from django.core.management.base import BaseCommand
 
-from inference.sweeps import sweep_jobs
+from inference.workers.sweeper import sweep_jobs
 
 
 class Command(BaseCommand):

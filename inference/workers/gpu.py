@@ -9,8 +9,6 @@ stores every outcome before acknowledging any pulled message.
 from __future__ import annotations
 
 import logging
-import os
-import socket
 import time
 from dataclasses import dataclass, field
 
@@ -18,12 +16,14 @@ from django.conf import settings
 from django.utils import timezone
 
 from inference.batching import BatchItem, BatchWindow
-from inference.claims import Claim, Outcome, claim_jobs, release_jobs, store_outcomes
 from inference.engines import load_engine
+from inference.kinds import kind_of
 from inference.models import Job
-from inference.tier_reader import PulledMessage, TierQueueReader
+from inference.placement import fail_over_local_error, settle_local_outcomes
 from inference.tiers import Tier
-from routing.cascade import fail_over_local_error, settle_local_outcomes
+from inference.transitions import Claim, Outcome
+from inference.workers import worker_identity
+from inference.workers.tier_reader import PulledMessage, TierQueueReader
 
 logger = logging.getLogger(__name__)
 
@@ -33,14 +33,7 @@ POLL_INTERVAL_S = 0.002
 
 
 def engine_payload(job: Job) -> dict:
-    """The job's input plus the service-level defaults the engine needs."""
-    if job.service.kind == "embedding" and "normalize" not in job.input:
-        return {**job.input, "normalize": job.service.normalize_embeddings}
-    return job.input
-
-
-def worker_identity() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    return kind_of(job.service.kind).engine_payload(job.service, job.input)
 
 
 @dataclass
@@ -67,7 +60,7 @@ class BatchRunner:
     def run(self, seed_job_id: str, *, seed_redelivered: bool, seed_tier: str | None) -> dict:
         report = BatchReport()
         worker = worker_identity()
-        seed_claim = claim_jobs(
+        seed_claim = Job.objects.claim(
             [seed_job_id],
             redelivered_ids=[seed_job_id] if seed_redelivered else [],
             worker=worker,
@@ -147,12 +140,12 @@ class BatchRunner:
                 pulled.extend(burst)
                 self._admit(burst, window, engine, worker, report)
                 continue
-            if window.has_realtime or window.remaining_s() <= 0:
+            if window.should_close():
                 return
             time.sleep(min(POLL_INTERVAL_S, window.remaining_s()))
 
     def _admit(self, burst, window, engine, worker, report) -> None:
-        claim = claim_jobs(
+        claim = Job.objects.claim(
             [pm.job_id for pm in burst],
             redelivered_ids=[pm.job_id for pm in burst if pm.redelivered],
             worker=worker,
@@ -170,7 +163,9 @@ class BatchRunner:
         if to_release:
             # Did not fit the token budget: give the jobs back and requeue their messages so
             # the next batch (here or on another worker) takes them.
-            release_jobs(claim.token, [pm.job_id for pm in to_release])
+            Job.objects.filter(
+                pk__in=[pm.job_id for pm in to_release], claim_token=claim.token
+            ).release()
             for pm in to_release:
                 pm.message.requeue()
             report.requeued += len(to_release)
@@ -184,7 +179,7 @@ class BatchRunner:
             by_token.setdefault(item.value[1].token, []).append(outcome)
         for token, token_outcomes in by_token.items():
             # Routed jobs: record local attempts, hand failures to the next fallback.
-            store_outcomes(token, settle_local_outcomes(token, token_outcomes))
+            Job.objects.store_outcomes(token, settle_local_outcomes(token, token_outcomes))
         report.ran += sum(o.result is not None for o in outcomes)
         report.failed += sum(o.result is None for o in outcomes)
         return outcomes

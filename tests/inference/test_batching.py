@@ -89,7 +89,7 @@ class FakeMessage:
 
 
 def make_reader(clock, backlog: dict[Tier, int]):
-    from inference.tier_reader import TierQueueReader
+    from inference.workers.tier_reader import TierQueueReader
 
     reader = TierQueueReader.__new__(TierQueueReader)
     reader.clock = clock

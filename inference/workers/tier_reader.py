@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from kombu import Connection
 from kombu.message import Message
 
-from inference.tiers import AGING_INTERVAL_S, TIER_ORDER, Tier, queue_name
+from inference.queues import tier_queue
+from inference.tiers import AGING_INTERVAL_S, TIER_ORDER, Tier
 
 
 @dataclass
@@ -47,7 +48,7 @@ class TierQueueReader:
         self._channel = connection.channel()
         self._queues = {}
         for tier in TIER_ORDER:
-            queue = queue_factory(queue_name(service_name, tier))(self._channel)
+            queue = queue_factory(tier_queue(service_name, tier))(self._channel)
             # Same arguments as the worker's -Q declaration, so this never 406s.
             queue.declare()
             self._queues[tier] = queue

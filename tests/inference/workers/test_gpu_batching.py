@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from inference.dispatch import publish_job
 from inference.models import Job, JobStatus
+from inference.publishing import publish
 from inference.submission import submit_job
 from tests.conftest import wait_for_job
 
@@ -37,7 +37,7 @@ def _jobs(tenant, service, n, tier="api", texts=None):
 
 def _publish(jobs):
     for job in jobs:
-        publish_job(job.pk, job.service.name, job.tier, job.message_priority)
+        publish(job)
 
 
 def test_window_closes_at_batch_size_without_waiting_for_the_timeout(

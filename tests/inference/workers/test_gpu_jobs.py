@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from inference.dispatch import publish_job
 from inference.models import Job, JobStatus
+from inference.publishing import publish
 from tests.conftest import wait_for_job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -71,13 +71,13 @@ def test_duplicate_messages_run_the_job_once(celery_worker_process, make_tenant,
     tenant, _ = make_tenant()
     job = _queued_job_without_message(tenant, service)
     for _ in range(3):
-        assert publish_job(job.pk, service.name, "api", 2)
+        assert publish(job)
     job = wait_for_job(job.pk)
     assert job.status == JobStatus.SUCCEEDED
     started, finished = job.started_at, job.finished_at
     # A marker job behind the duplicates: once it is done, every duplicate was consumed.
     marker = _queued_job_without_message(tenant, service)
-    publish_job(marker.pk, service.name, "api", 2)
+    publish(marker)
     wait_for_job(marker.pk)
     job.refresh_from_db()
     assert job.attempts == 1
@@ -90,9 +90,9 @@ def test_cancelled_before_the_worker_reaches_it_never_runs(
     service = make_service("embedding")
     job = _queued_job_without_message(api.tenant, service)
     assert api.delete(f"/api/v1/jobs/{job.pk}").status_code == 200
-    publish_job(job.pk, service.name, "api", 2)
+    publish(job)
     marker = _queued_job_without_message(api.tenant, service)
-    publish_job(marker.pk, service.name, "api", 2)
+    publish(marker)
     wait_for_job(marker.pk)
     job.refresh_from_db()
     assert job.status == JobStatus.CANCELLED

@@ -10,29 +10,17 @@ import torch
 from django.conf import settings
 
 from inference.engines import load_engine
+from inference.kinds import kind_of
 from inference.models import Service
-from inference.tiers import Tier, service_queue_names
+from inference.queues import served_service_names
 from renq_site.celery import app
 
 logger = logging.getLogger(__name__)
 
-WARMUP_PAYLOADS: dict[str, dict] = {
-    "embedding": {"texts": ["warm up"]},
-    "reranker": {"query": "warm", "documents": ["up"]},
-    "llm": {"prompt": "warm up", "max_tokens": 1, "temperature": 0.0},
-}
-
 
 def consumed_service_names() -> set[str]:
     """Services whose tier queues this worker was started on (celery worker -Q ...)."""
-    consumed = set(app.amqp.queues.consume_from or {})
-    prefix = settings.RENQ_QUEUE_PREFIX
-    candidates = {
-        name[len(prefix) :].rsplit(".", 1)[0]
-        for name in consumed
-        if name.startswith(prefix) and name.rsplit(".", 1)[-1] in Tier.values
-    }
-    return {name for name in candidates if set(service_queue_names(name)) & consumed}
+    return served_service_names(set(app.amqp.queues.consume_from or {}))
 
 
 def warm_engines_for_consumed_queues() -> None:
@@ -42,6 +30,6 @@ def warm_engines_for_consumed_queues() -> None:
         logger.info("loading %s model %s", service.kind, service.model_ref)
         try:
             engine = load_engine(service.kind, service.model_ref, device=settings.RENQ_DEVICE)
-            engine.run_batch([WARMUP_PAYLOADS[service.kind]])
+            engine.run_batch([kind_of(service.kind).warmup_payload])
         except Exception:  # a broken model must not stop the worker serving other services
             logger.exception("could not warm %s; its jobs will fail over", service.name)

@@ -1,5 +1,6 @@
-"""Routing fixtures: the fake upstream (a real HTTP server process), backends and routes, and
-I/O workers (thread-pool Celery workers on the test.io.<tier> queues)."""
+"""Routing fixtures, a plugin of tests/conftest.py shared by every package's tests: the fake
+upstream (a real HTTP server process), backends and routes, and I/O workers (thread-pool Celery
+workers on the test.io.<tier> queues)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import requests
 
 from tests.conftest import ROOT, WorkerProcess
 
-FAKE_UPSTREAM = Path(__file__).with_name("fake_upstream.py")
+FAKE_UPSTREAM = Path(__file__).parent / "routing" / "fake_upstream.py"
 FAKE_API_KEY_ENV = "RENQ_TEST_FAKE_API_KEY"
 FAKE_API_KEY = "sk-test-fake"
 
@@ -115,12 +116,12 @@ def free_and_paid(make_backend):
 
 
 def purge_io_queues() -> None:
+    from inference.queues import io_queues
     from renq_site.celery import app
-    from routing.dispatch import io_queue_names
 
     with app.connection_for_write() as conn:
         channel = conn.channel()
-        for name in io_queue_names():
+        for name in io_queues():
             app.amqp.queues[name](channel).declare()
             channel.queue_purge(name)
 
@@ -133,7 +134,7 @@ def io_workers(django_db_setup, django_db_blocker):
     """Three I/O worker processes (thread pools), as production runs them, all at once."""
     import os
 
-    from routing.dispatch import io_queue_names
+    from inference.queues import io_queues
 
     os.environ[FAKE_API_KEY_ENV] = FAKE_API_KEY  # inherited by the worker processes
     purge_io_queues()
@@ -142,7 +143,7 @@ def io_workers(django_db_setup, django_db_blocker):
             services=(),
             concurrency=8,
             name=f"io{i}",
-            extra_queues=tuple(io_queue_names()),
+            extra_queues=tuple(io_queues()),
             pool="threads",
             wait=False,
         )
@@ -163,9 +164,9 @@ def gpu_consumer():
     It takes at most one message and never acks it, so closing hands the message back."""
     from kombu import Consumer
 
-    from inference.tiers import TIER_ORDER, queue_name
+    from inference.publishing import forget_consumer_counts
+    from inference.queues import service_tier_queues
     from renq_site.celery import app
-    from routing import capacity
 
     class Attached:
         def __init__(self):
@@ -174,7 +175,7 @@ def gpu_consumer():
         def attach(self, service_name: str) -> None:
             connection = app.connection_for_write()
             channel = connection.channel()
-            queues = [app.amqp.queues[queue_name(service_name, t)](channel) for t in TIER_ORDER]
+            queues = [app.amqp.queues[name](channel) for name in service_tier_queues(service_name)]
             for queue in queues:
                 queue.declare()
             consumer = Consumer(
@@ -183,12 +184,12 @@ def gpu_consumer():
             consumer.qos(prefetch_count=1)
             consumer.consume()
             self.connections.append(connection)
-            capacity._consumer_counts.clear()
+            forget_consumer_counts()
 
         def detach(self) -> None:
             while self.connections:
                 self.connections.pop().close()
-            capacity._consumer_counts.clear()
+            forget_consumer_counts()
 
     attached = Attached()
     yield attached

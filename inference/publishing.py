@@ -1,0 +1,180 @@
+"""The one way a job's dispatch message reaches RabbitMQ, always after its row is committed.
+
+Where the message goes is decided by the job alone (`destination`): a bulk piece to its
+service's bulk queue, a job whose current backend runs on the GPU workers to its service's
+tier queue, a job routed to a cloud API to the I/O queue of its tier. The outbox sweep and every
+recovery publish through the same function, so a republished job goes where its backend is.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from celery import chord, signature
+from django.db import transaction
+from django.utils import timezone
+
+from inference import queues
+from inference.models import Job, JobStatus
+from renq_site.celery import app
+from routing.backends import Placement
+
+logger = logging.getLogger(__name__)
+
+RUN_JOB_TASK = "inference.run_job"
+CALL_BACKEND_TASK = "inference.call_backend"
+FINISH_BULK_TASK = "inference.finish_bulk"
+FAIL_BULK_TASK = "inference.fail_bulk"
+# How long a consumer count read from RabbitMQ is trusted (one round trip per queue).
+CONSUMER_COUNT_TTL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Destination:
+    task: str
+    args: tuple
+    queue: str
+    priority: int
+
+
+def current_route(job: Job):
+    """The job's routing decision (JobRoute), or None for a service without a route."""
+    try:
+        return job.route
+    except Job.route.RelatedObjectDoesNotExist:
+        return None
+
+
+def current_backend(job: Job):
+    """The backend the job's route points at now, or None for a service without a route."""
+    route = current_route(job)
+    return route.backend if route is not None else None
+
+
+def destination(job: Job) -> Destination:
+    if job.parent_id is not None:
+        return Destination(
+            RUN_JOB_TASK, (str(job.pk),), queues.bulk_queue(job.service.name), job.message_priority
+        )
+    backend = current_backend(job)
+    if backend is not None and backend.adapter().placement is Placement.IO_WORKERS:
+        return Destination(
+            CALL_BACKEND_TASK,
+            (str(job.pk), backend.pk),
+            queues.io_queue(job.tier),
+            job.message_priority,
+        )
+    return Destination(
+        RUN_JOB_TASK,
+        (str(job.pk),),
+        queues.tier_queue(job.service.name, job.tier),
+        job.message_priority,
+    )
+
+
+def publish(job: Job) -> bool:
+    """Publish the job's dispatch message and record that RabbitMQ confirmed it.
+
+    Returns False when the broker refused or was unreachable: the job stays queued with no
+    published_at, and `republish_unpublished` sends it later, so an accepted job is never lost.
+    """
+    target = destination(job)
+    try:
+        app.send_task(
+            target.task,
+            args=list(target.args),
+            queue=target.queue,
+            priority=target.priority,
+            # Each publish gets its own id; Postgres, not the message id, makes runs unique.
+            task_id=str(uuid.uuid4()),
+        )
+    except Exception:  # noqa: BLE001 - any broker failure leaves the job for the sweeper
+        logger.exception(
+            "publishing job %s to %s failed; the sweeper will retry", job.pk, target.queue
+        )
+        return False
+    Job.objects.filter(pk=job.pk).mark_published()
+    return True
+
+
+def publish_on_commit(job: Job) -> None:
+    """Publish once the surrounding transaction commits, so a worker never sees a job that
+    does not exist yet (or never will, if the transaction rolls back)."""
+    transaction.on_commit(lambda: publish(job))
+
+
+def publish_bulk(parent: Job, pieces: Sequence[Job]) -> bool:
+    """A bulk job's pieces as one Celery chord: the pieces on the bulk queue, then the callback
+    that assembles the parent. Should the chord never fire, the sweep finishes the parent once
+    every piece is final, and republishes pieces whose publish failed (one by one)."""
+    targets = [destination(piece) for piece in pieces]
+    header = [
+        signature(
+            t.task, args=list(t.args), queue=t.queue, priority=t.priority, ignore_result=False
+        )
+        for t in targets
+    ]
+    queue = queues.bulk_queue(parent.service.name)
+    # Immutable: the pieces' task results are reports; the callback reads results from
+    # Postgres, the record of truth.
+    callback = signature(FINISH_BULK_TASK, args=[str(parent.pk)], queue=queue, immutable=True)
+    errback = signature(FAIL_BULK_TASK, args=[str(parent.pk)], queue=queue, immutable=True)
+    try:
+        chord(header)(callback.set(link_error=[errback]))
+    except Exception:  # noqa: BLE001 - the sweep republishes the pieces
+        logger.exception("publishing bulk job %s failed; the sweeper will retry", parent.pk)
+        return False
+    Job.objects.filter(pk__in=[p.pk for p in pieces] + [parent.pk]).mark_published()
+    return True
+
+
+def republish_unpublished(older_than_s: float = 10.0) -> int:
+    """The outbox sweep: publish queued jobs whose publish never got confirmed."""
+    cutoff = timezone.now() - timezone.timedelta(seconds=older_than_s)
+    stale = Job.objects.filter(
+        status=JobStatus.QUEUED, published_at__isnull=True, created_at__lt=cutoff
+    ).select_related("service", "route__backend")[:1000]
+    return sum(publish(job) for job in stale)
+
+
+_consumer_counts: dict[tuple[str, ...], tuple[float, int]] = {}
+
+
+def consumer_count(queue_names: Sequence[str]) -> int:
+    """How many consumers RabbitMQ has on these queues. RabbitMQ drops a consumer the moment
+    its worker's connection closes (crash, kill, shutdown), so this sees a stopped worker at
+    once, where a heartbeat would need a timeout. Cached for CONSUMER_COUNT_TTL_S per process;
+    when the broker cannot be asked, workers are assumed present (a broker outage is not a
+    dead worker)."""
+    key = tuple(queue_names)
+    now = time.monotonic()
+    cached = _consumer_counts.get(key)
+    if cached and cached[0] > now:
+        return cached[1]
+    total = 0
+    try:
+        with app.connection_for_read() as connection:
+            for name in queue_names:
+                channel = connection.channel()
+                try:
+                    total += channel.queue_declare(queue=name, passive=True).consumer_count
+                except connection.channel_errors:
+                    pass  # never declared: nobody consumes it (the 404 closed the channel)
+                finally:
+                    try:
+                        channel.close()
+                    except Exception:  # noqa: BLE001 - a channel the 404 already closed
+                        pass
+    except Exception:  # noqa: BLE001 - broker unreachable: assume workers
+        logger.warning("could not read consumer counts for %s", queue_names, exc_info=True)
+        return 1
+    _consumer_counts[key] = (now + CONSUMER_COUNT_TTL_S, total)
+    return total
+
+
+def forget_consumer_counts() -> None:
+    _consumer_counts.clear()

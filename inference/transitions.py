@@ -1,0 +1,274 @@
+"""The job state machine: every status change of a job is a method here, and only here.
+
+    queued ──claim──▶ running ──store_outcomes──▶ succeeded | failed
+      │  ▲              │ │ └──claim (deadline passed)──▶ expired
+      │  └──release / requeue (didn't fit; dead claim; handed to the next backend)
+      │                 └──fail (poison: lost too often; cascade ended)──▶ failed
+      ├──expire (nobody started it in time)──▶ expired
+      └──cancel──▶ cancelled
+    failed ──retry (bulk piece with attempts left)──▶ queued
+
+Every write is one conditional UPDATE that names the status it leaves, so two processes racing
+for the same job cannot both win: a duplicate message finds the job no longer queued; a
+*redelivered* message of a running job means the previous holder lost its channel (died, lost
+the broker), so the claim is taken over with a new token and the old holder's late write
+matches no row. The methods live on `JobQuerySet`, so callers filter first and transition
+second: `Job.objects.filter(pk=…, claim_token=token).requeue()`.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import connection, models, transaction
+from django.db.models import F
+from django.utils import timezone
+from psycopg2.extras import execute_values
+
+from inference.tiers import Tier
+
+if TYPE_CHECKING:
+    from inference.models import Job
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    EXPIRED = "expired", "Expired"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+TERMINAL_STATUSES = (
+    JobStatus.SUCCEEDED,
+    JobStatus.FAILED,
+    JobStatus.EXPIRED,
+    JobStatus.CANCELLED,
+)
+
+# (from, to) → the method that makes the move. The table is the contract; tests check that
+# every method only makes the moves listed for it.
+TRANSITIONS: dict[tuple[str, str], str] = {
+    (JobStatus.QUEUED, JobStatus.RUNNING): "claim",
+    (JobStatus.RUNNING, JobStatus.RUNNING): "claim (takeover of a redelivered job)",
+    (JobStatus.RUNNING, JobStatus.EXPIRED): "claim (waited past its deadline)",
+    (JobStatus.RUNNING, JobStatus.SUCCEEDED): "store_outcomes / finish_bulk",
+    (JobStatus.RUNNING, JobStatus.FAILED): "store_outcomes / fail",
+    (JobStatus.RUNNING, JobStatus.QUEUED): "release / requeue",
+    (JobStatus.QUEUED, JobStatus.EXPIRED): "expire",
+    (JobStatus.QUEUED, JobStatus.CANCELLED): "cancel",
+    (JobStatus.FAILED, JobStatus.QUEUED): "retry",
+}
+
+EXPIRED_IN_QUEUE = "waited longer than the service's queue_timeout before a worker was free"
+
+_CLAIM_SQL = """
+UPDATE inference_job
+   SET status = 'running', claim_token = %(token)s, claimed_at = %(now)s,
+       attempts = attempts + 1, worker = %(worker)s
+ WHERE id = ANY(%(ids)s::uuid[])
+   AND (status = 'queued'
+        OR (status = 'running' AND id = ANY(%(redelivered)s::uuid[])
+            AND attempts < %(max_attempts)s))
+RETURNING id
+"""
+
+_POISON_SQL = """
+UPDATE inference_job
+   SET status = 'failed', finished_at = %(now)s, claim_token = NULL,
+       error = 'the worker running this job was lost ' || attempts || ' times; giving up'
+ WHERE id = ANY(%(redelivered)s::uuid[]) AND status = 'running'
+   AND attempts >= %(max_attempts)s
+"""
+
+# One statement for a whole batch; every row carries the claim token it must still hold.
+_SUCCEED_SQL = """
+UPDATE inference_job AS j
+   SET status = 'succeeded', result = v.result::jsonb, finished_at = clock_timestamp(),
+       started_at = v.started_at, inference_ms = v.inference_ms, batch_size = v.batch_size,
+       input_tokens = v.tokens
+  FROM (VALUES %s) AS v(id, token, result, started_at, inference_ms, batch_size, tokens)
+ WHERE j.id = v.id AND j.claim_token = v.token AND j.status = 'running'
+"""
+_SUCCEED_ROW = (
+    "(%s::uuid, %s::uuid, %s, %s::timestamptz, %s::double precision, %s::integer, %s::integer)"
+)
+
+
+@dataclass
+class Claim:
+    """Jobs one worker now holds under `token`, and those found past their deadline."""
+
+    token: uuid.UUID
+    jobs: list[Job] = field(default_factory=list)
+    expired: list[Job] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    job: Job
+    result: dict | None = None
+    error: str = ""
+    started_at: datetime | None = None
+    inference_ms: float | None = None
+    batch_size: int | None = None
+    tokens: int | None = None
+
+
+def missed_deadline(job: Job, now: datetime) -> bool:
+    """Interactive jobs promise latency; batch and offline work waits as long as it takes."""
+    if not Tier(job.tier).is_interactive:
+        return False
+    waited_s = (now - job.created_at).total_seconds()
+    service = job.service
+    return waited_s > service.queue_timeout or waited_s > service.total_timeout
+
+
+class JobQuerySet(models.QuerySet):
+    # --- the worker's claim and its outcomes -------------------------------------------------
+
+    def claim(
+        self,
+        job_ids: Sequence[str | uuid.UUID],
+        *,
+        redelivered_ids: Iterable[str | uuid.UUID] = (),
+        worker: str = "",
+    ) -> Claim:
+        """queued → running (or a takeover of a redelivered running job) under a new token.
+        Interactive jobs that waited past their queue_timeout/total_timeout are marked
+        expired instead; redelivered jobs lost `RENQ_MAX_ATTEMPTS` times fail (poison)."""
+        token = uuid.uuid4()
+        now = timezone.now()
+        params: dict[str, Any] = {
+            "token": token,
+            "now": now,
+            "worker": worker[:200],
+            "ids": [str(i) for i in dict.fromkeys(job_ids)],
+            "redelivered": [str(i) for i in redelivered_ids],
+            "max_attempts": settings.RENQ_MAX_ATTEMPTS,
+        }
+        with transaction.atomic(using=self.db), connection.cursor() as cursor:
+            if params["redelivered"]:
+                cursor.execute(_POISON_SQL, params)
+            cursor.execute(_CLAIM_SQL, params)
+            claimed_ids = [row[0] for row in cursor.fetchall()]
+        claim = Claim(token=token)
+        if not claimed_ids:
+            return claim
+        jobs = self.model.objects.select_related("service", "tenant").in_bulk(claimed_ids)
+        for job_id in params["ids"]:
+            job = jobs.get(uuid.UUID(job_id))
+            if job is None:
+                continue
+            (claim.expired if missed_deadline(job, now) else claim.jobs).append(job)
+        if claim.expired:
+            self.model.objects.filter(
+                pk__in=[j.pk for j in claim.expired], claim_token=token, status=JobStatus.RUNNING
+            ).update(status=JobStatus.EXPIRED, finished_at=now, error=EXPIRED_IN_QUEUE)
+        return claim
+
+    def store_outcomes(self, token: uuid.UUID, outcomes: Sequence[Outcome]) -> int:
+        """running → succeeded | failed for one batch, one round trip each. Only rows still
+        held under `token` change. Returns how many rows were written."""
+        now = timezone.now()
+        written = 0
+        successes = [o for o in outcomes if o.result is not None]
+        failures = [o for o in outcomes if o.result is None]
+        with transaction.atomic(using=self.db), connection.cursor() as cursor:
+            if successes:
+                rows = [
+                    (
+                        str(o.job.pk),
+                        str(token),
+                        json.dumps(o.result),
+                        o.started_at or now,
+                        o.inference_ms,
+                        o.batch_size,
+                        o.tokens,
+                    )
+                    for o in successes
+                ]
+                execute_values(
+                    cursor.cursor, _SUCCEED_SQL, rows, template=_SUCCEED_ROW, page_size=len(rows)
+                )
+                written += cursor.cursor.rowcount
+            for o in failures:
+                written += self.model.objects.filter(
+                    pk=o.job.pk, claim_token=token, status=JobStatus.RUNNING
+                ).update(
+                    status=JobStatus.FAILED,
+                    error=o.error[:4000],
+                    started_at=o.started_at or now,
+                    finished_at=now,
+                )
+        return written
+
+    # --- moves on a filtered set ----------------------------------------------------------
+
+    def release(self) -> int:
+        """running → queued for claimed jobs that did not fit a batch: nothing ran, so the
+        attempt is not counted. The caller requeues their messages."""
+        return self.filter(status=JobStatus.RUNNING).update(
+            status=JobStatus.QUEUED,
+            claim_token=None,
+            claimed_at=None,
+            attempts=F("attempts") - 1,
+        )
+
+    def requeue(self) -> int:
+        """running → queued, to be published again (a dead worker's claim, or a job handed to
+        the next backend of its cascade). The attempt stays counted."""
+        return self.filter(status=JobStatus.RUNNING).update(
+            status=JobStatus.QUEUED,
+            claim_token=None,
+            claimed_at=None,
+            started_at=None,
+            published_at=None,
+            worker="",
+        )
+
+    def fail(self, error: str) -> int:
+        """running → failed without an outcome from a model: lost too often, or no backend
+        of its cascade could run it; also a bulk parent whose pieces failed."""
+        return self.filter(status=JobStatus.RUNNING).update(
+            status=JobStatus.FAILED, finished_at=timezone.now(), error=error[:4000]
+        )
+
+    def finish_bulk(self, result: dict) -> int:
+        """running → succeeded for a bulk parent, with its pieces' results assembled."""
+        return self.filter(status=JobStatus.RUNNING, is_bulk=True).update(
+            status=JobStatus.SUCCEEDED, result=result, finished_at=timezone.now()
+        )
+
+    def expire(self, reason: str) -> int:
+        """queued → expired: nobody started it within its deadline."""
+        return self.filter(status=JobStatus.QUEUED).update(
+            status=JobStatus.EXPIRED, finished_at=timezone.now(), error=reason
+        )
+
+    def cancel(self) -> int:
+        """queued → cancelled; a job a worker already claimed runs to its end."""
+        return self.filter(status=JobStatus.QUEUED).update(
+            status=JobStatus.CANCELLED, finished_at=timezone.now(), error="cancelled by request"
+        )
+
+    def retry(self) -> int:
+        """failed → queued for a bulk piece with attempts left (its chord member retries)."""
+        return self.filter(
+            status=JobStatus.FAILED,
+            parent__isnull=False,
+            attempts__lt=settings.RENQ_MAX_ATTEMPTS,
+        ).update(status=JobStatus.QUEUED, claim_token=None, finished_at=None)
+
+    # --- not a status change: the outbox stamp ---------------------------------------------
+
+    def mark_published(self) -> int:
+        """RabbitMQ confirmed a dispatch message; the outbox sweep skips these jobs."""
+        return self.filter(published_at__isnull=True).update(published_at=timezone.now())

@@ -1,0 +1,49 @@
+"""What the router needs to know about one job, handed in by the caller.
+
+routing knows nothing of jobs: the job's lifecycle (inference) describes the job as a
+`RoutingRequest` — its service, kind, tier, estimated tokens, how long its tier may wait — and
+gives a `LocalQueueProbe` that answers, only if asked, how busy the local workers are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class LocalWait:
+    """Predicted wait on the local workers: jobs ahead / their measured throughput."""
+
+    wait_s: float
+    jobs_ahead: int
+    throughput_jobs_s: float
+    target_s: float
+    measured: bool
+
+    @property
+    def meets_target(self) -> bool:
+        return self.wait_s <= self.target_s
+
+
+class LocalQueueProbe(Protocol):
+    def consumer_count(self) -> int:
+        """Workers consuming the service's local queues now (0: none is there to run it)."""
+
+    def predicted_wait(self) -> LocalWait:
+        """How long the job would wait on the local workers, against its tier's target."""
+
+
+@dataclass(frozen=True)
+class RoutingRequest:
+    service_id: int
+    service_name: str
+    service_kind: str
+    tier: str
+    input_tokens: int
+    output_tokens: int
+    local: LocalQueueProbe
+
+    @property
+    def tokens(self) -> int:
+        return self.input_tokens + self.output_tokens

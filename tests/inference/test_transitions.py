@@ -1,0 +1,71 @@
+"""The job state machine: every status write is in inference/transitions.py, and each move
+is one of its table's legal transitions."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from inference.models import Job, JobStatus
+from inference.transitions import TRANSITIONS, Outcome
+
+ROOT = Path(__file__).resolve().parents[2]
+STATUS_WRITE = re.compile(r"\.update\([^)]*\bstatus\s*=", re.S)
+
+
+def test_no_status_write_outside_the_state_machine():
+    offenders = []
+    for package in ("inference", "routing"):
+        for path in (ROOT / package).rglob("*.py"):
+            if "migrations" in path.parts or path.name == "transitions.py":
+                continue
+            if STATUS_WRITE.search(path.read_text()):
+                offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []
+
+
+def _job(tenant, service, **fields) -> Job:
+    return Job.objects.create(
+        tenant=tenant, service=service, tier="batch", input={"texts": ["x"]}, **fields
+    )
+
+
+@pytest.mark.django_db
+def test_each_move_is_legal_and_guarded_by_the_status_it_leaves(make_tenant, make_service):
+    tenant, _ = make_tenant()
+    service = make_service("embedding")
+    moves = []
+
+    def moved(job, before):
+        job.refresh_from_db()
+        if job.status != before:
+            moves.append((before, job.status))
+        return job.status
+
+    job = _job(tenant, service)
+    claim = Job.objects.claim([job.pk], worker="w")
+    assert moved(job, JobStatus.QUEUED) == JobStatus.RUNNING
+    # A second claim of a running job (a duplicate message) takes nothing.
+    assert Job.objects.claim([job.pk], worker="w2").jobs == []
+    assert Job.objects.filter(pk=job.pk, claim_token=claim.token).requeue() == 1
+    assert moved(job, JobStatus.RUNNING) == JobStatus.QUEUED
+    assert Job.objects.filter(pk=job.pk).cancel() == 1
+    assert moved(job, JobStatus.QUEUED) == JobStatus.CANCELLED
+    # Nothing leaves a final state: cancel, expire, requeue and fail find no row.
+    qs = Job.objects.filter(pk=job.pk)
+    assert (qs.cancel(), qs.expire("late"), qs.requeue(), qs.fail("x")) == (0, 0, 0, 0)
+
+    other = _job(tenant, service)
+    claim = Job.objects.claim([other.pk], worker="w")
+    # Only the holder of the current token may store the outcome.
+    assert (
+        Job.objects.store_outcomes(claim.token.__class__(int=0), [Outcome(job=other, result={})])
+        == 0
+    )
+    assert Job.objects.store_outcomes(claim.token, [Outcome(job=other, result={"ok": 1})]) == 1
+    assert moved(other, JobStatus.RUNNING) == JobStatus.SUCCEEDED
+
+    assert set(moves) <= set(TRANSITIONS)
+    assert len(moves) == 4
