@@ -25,6 +25,17 @@ class Tenant(models.Model):
         help_text="Used when a job does not name a priority.",
     )
     active = models.BooleanField(default=True, help_text="Inactive tenants cannot authenticate.")
+    # Quotas, shared by every web process (Redis counters); 0 = no limit.
+    requests_per_minute = models.PositiveIntegerField(
+        default=0, help_text="Jobs accepted per minute, all services together (0 = no limit)."
+    )
+    max_running_jobs = models.PositiveIntegerField(
+        default=0,
+        help_text="Jobs queued or running at once; more are refused with 429 (0 = no limit).",
+    )
+    monthly_token_budget = models.PositiveBigIntegerField(
+        default=0, help_text="Estimated input+output tokens per calendar month (0 = no limit)."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -67,6 +78,9 @@ class ApiKey(models.Model):
     # unique index on the digest makes every authenticated request a single indexed lookup.
     hashed_key = models.CharField(max_length=64, unique=True, editable=False)
     revoked = models.BooleanField(default=False)
+    expires_at = models.DateTimeField(
+        null=True, blank=True, help_text="After this the key no longer authenticates."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = ApiKeyManager()
@@ -119,6 +133,13 @@ class Service(models.Model):
     )
     rate_limit = models.PositiveIntegerField(
         default=100, help_text="Jobs per second accepted per tenant for this service (0 = none)."
+    )
+    preemption_budget_s = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.001)],
+        help_text="Longest predicted run of a non-realtime batch, so a realtime job waits at "
+        "most one such batch. Empty = half of total_timeout.",
     )
     enable_cache = models.BooleanField(
         default=False, help_text="Serve identical inputs from earlier results."
@@ -199,6 +220,28 @@ class Job(models.Model):
         "self", null=True, blank=True, on_delete=models.CASCADE, related_name="pieces"
     )
     piece_index = models.PositiveIntegerField(null=True, blank=True)
+    idempotency_key = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="The client's Idempotency-Key: the same key returns this job for 24 h.",
+    )
+    deadline_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="An interactive job not started by then expires (deadline_ms tightens the "
+        "service's timeouts, never loosens them).",
+    )
+    serving_tier = models.CharField(
+        max_length=16,
+        choices=Tier.choices,
+        blank=True,
+        default="",
+        help_text="The tier queue it waits in now, when aging promoted it above its own.",
+    )
+    dead_lettered_at = models.DateTimeField(
+        null=True, blank=True, help_text="When it was given up on and sent to renq.dead."
+    )
 
     # Every status change goes through the state machine (inference.transitions).
     objects = JobQuerySet.as_manager()
@@ -209,6 +252,13 @@ class Job(models.Model):
             models.Index(fields=["tenant", "-created_at"]),
             models.Index(fields=["service", "status"]),
             models.Index(fields=["service", "input_hash", "status"]),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="inference_job_idempotency_key_once",
+            )
         ]
 
     def __str__(self) -> str:
@@ -229,3 +279,29 @@ class Job(models.Model):
         if self.finished_at is None:
             return None
         return (self.finished_at - self.created_at).total_seconds() * 1000
+
+
+class AuditEventKind(models.TextChoices):
+    RECEIVED = "received", "Job received"
+    COMPLETED = "completed", "Job completed"
+    CANCELLED = "cancelled", "Job cancelled"
+    DEAD_LETTERED = "dead_lettered", "Job dead-lettered"
+    ADMIN_CHANGE = "admin_change", "Admin change"
+
+
+class AuditEvent(models.Model):
+    """Append-only: who did what to which job or object, and when. Ids, not foreign keys, so
+    the trail outlives what it describes."""
+
+    at = models.DateTimeField(default=timezone.now, db_index=True)
+    kind = models.CharField(max_length=16, choices=AuditEventKind.choices)
+    tenant_id = models.BigIntegerField(null=True, blank=True, db_index=True)
+    job_id = models.UUIDField(null=True, blank=True, db_index=True)
+    actor = models.CharField(max_length=200, help_text="api:<key prefix>, admin:<user>, worker…")
+    detail = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        ordering = ["-at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.at:%Y-%m-%d %H:%M:%S} {self.kind} {self.job_id or ''}"
