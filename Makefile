@@ -30,8 +30,8 @@ fixtures: venv
 	$(PY) fixtures/build_tiny_models.py
 
 setup: db fixtures
-	$(PY) manage.py loaddata fixtures/demo.json -v 0
-	$(PY) manage.py load_routing_config fixtures/routing.yaml
+	$(PY) manage.py renq_config load fixtures/config.yaml
+	$(PY) manage.py loaddata fixtures/demo_tenant.json -v 0
 	$(PY) manage.py collectstatic --noinput -v 0
 
 # Headless Chromium + chromedriver (browser tests) and docker-compose v1, which validates

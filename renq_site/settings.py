@@ -28,6 +28,8 @@ INSTALLED_APPS = [
     # Swagger UI / ReDoc assets served from our own static files: the docs page works offline.
     "drf_spectacular_sidecar",
     "inference",
+    # config.yaml's model layer, tier policies and the change marker workers poll.
+    "inference.config",
     "routing",
 ]
 

@@ -133,9 +133,9 @@ def run_demo() -> int:
     with ProcessGroup(env) as procs:
         print("starting web, workers, Flower and the fake cloud APIs (logs in .run/) ...")
         procs.upstream(upstream_port)
-        # Point the cloud backends of fixtures/routing.yaml at this run's fake upstream.
+        # Point the cloud backends of fixtures/config.yaml at this run's fake upstream.
         subprocess.run(
-            [sys.executable, "manage.py", "load_routing_config", "fixtures/routing.yaml"],
+            [sys.executable, "manage.py", "load_routing_config", "fixtures/config.yaml"],
             cwd=ROOT,
             check=True,
             stdout=subprocess.DEVNULL,

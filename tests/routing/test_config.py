@@ -1,4 +1,4 @@
-"""Loading backends and routes from YAML (fixtures/routing.yaml and the management command)."""
+"""Loading backends and routes: fixtures/config.yaml through load_routing_config, routing.config."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from routing.models import Backend, Route, RouteEntry
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.django_db
-FIXTURE = ROOT / "fixtures" / "routing.yaml"
+FIXTURE = ROOT / "fixtures" / "config.yaml"
 
 
 @pytest.fixture

@@ -1,0 +1,121 @@
+"""The configuration change marker: how a running worker learns, cheaply, that services,
+models, backends, routes or tier policies changed, and reloads them without a restart.
+
+    watcher = ConfigWatcher()            # once per process
+    ...
+    if watcher.changed():                # at most one indexed single-row read per interval
+        reload_service_settings()
+
+or, by hand: keep `stamp = config_last_update()` and ask `config_changed_since(stamp)`.
+
+Saves and deletes through the ORM (the admin, the config loader, `create`/`save` in code) bump
+the marker through signals; `QuerySet.update()` sends no signal, so code that updates
+configuration rows in bulk calls `bump_config_change()` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+from collections.abc import Iterator
+from datetime import datetime
+
+from django.db import connection
+from django.db.models.signals import post_delete, post_save
+
+from inference.config.models import ConfigChange, ModelSpec, SchedulerSettings, ServiceModelLink
+from inference.models import Service
+from routing.models import Backend, Route, RouteEntry
+
+# Upsert of the single row; the database's clock, so every host compares against one clock,
+# and clock_timestamp() (not now()) so a long transaction does not stamp its start time.
+_BUMP_SQL = """
+INSERT INTO renq_config_configchange (id, version, last_update)
+VALUES (1, 1, clock_timestamp())
+ON CONFLICT (id) DO UPDATE
+   SET version = renq_config_configchange.version + 1, last_update = clock_timestamp()
+"""
+
+# Set while the config loader applies a file: it bumps once at the end instead of per row.
+_batched: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "renq_config_batched", default=False
+)
+
+
+def bump_config_change() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(_BUMP_SQL)
+
+
+@contextlib.contextmanager
+def one_config_change() -> Iterator[None]:
+    """Many saves, one bump (at the end, inside the caller's transaction)."""
+    token = _batched.set(True)
+    try:
+        yield
+    finally:
+        _batched.reset(token)
+    bump_config_change()
+
+
+def config_last_update() -> datetime | None:
+    """Database time of the latest configuration change; None before any."""
+    return (
+        ConfigChange.objects.filter(pk=ConfigChange.SINGLETON_PK)
+        .values_list("last_update", flat=True)
+        .first()
+    )
+
+
+def config_changed_since(ts: datetime | None) -> bool:
+    """Whether the configuration changed after `ts` (a value config_last_update() returned;
+    None = "never read": true once anything was ever configured). One single-row read."""
+    last = config_last_update()
+    return last is not None and (ts is None or last > ts)
+
+
+class ConfigWatcher:
+    """Per process: `changed()` is true once after each configuration change, and reads the
+    marker at most every `min_interval_s` (a batch loop may call it before every batch)."""
+
+    def __init__(self, min_interval_s: float = 1.0):
+        self.min_interval_s = min_interval_s
+        self._seen: datetime | None = None
+        self._checked_at = 0.0
+        self._primed = False
+
+    def changed(self) -> bool:
+        now = time.monotonic()
+        if self._primed and now - self._checked_at < self.min_interval_s:
+            return False
+        self._checked_at = now
+        last = config_last_update()
+        if not self._primed:
+            # The first look records where we stand; the process just loaded everything.
+            self._primed, self._seen = True, last
+            return False
+        if last is not None and (self._seen is None or last > self._seen):
+            self._seen = last
+            return True
+        return False
+
+
+def _on_config_saved(**_kwargs) -> None:
+    if not _batched.get():
+        bump_config_change()
+
+
+def connect_signals() -> None:
+    for model in (
+        Service,
+        ModelSpec,
+        ServiceModelLink,
+        SchedulerSettings,
+        Backend,
+        Route,
+        RouteEntry,
+    ):
+        uid = f"renq-config-change-{model._meta.label_lower}"
+        post_save.connect(_on_config_saved, sender=model, dispatch_uid=uid + "-save")
+        post_delete.connect(_on_config_saved, sender=model, dispatch_uid=uid + "-delete")
