@@ -32,6 +32,7 @@ from django.utils import timezone
 from psycopg2.extras import execute_values
 
 from inference.tiers import Tier
+from inference.waiting import notify_finished
 
 if TYPE_CHECKING:
     from inference.models import Job
@@ -172,6 +173,8 @@ class JobQuerySet(models.QuerySet):
             self.model.objects.filter(
                 pk__in=[j.pk for j in claim.expired], claim_token=token, status=JobStatus.RUNNING
             ).update(status=JobStatus.EXPIRED, finished_at=now, error=EXPIRED_IN_QUEUE)
+            # Front-door requests waiting for these jobs hear now (inference.waiting).
+            transaction.on_commit(lambda: notify_finished(j.pk for j in claim.expired))
         return claim
 
     def store_outcomes(self, token: uuid.UUID, outcomes: Sequence[Outcome]) -> int:
@@ -208,6 +211,8 @@ class JobQuerySet(models.QuerySet):
                     started_at=o.started_at or now,
                     finished_at=now,
                 )
+        # Front-door requests waiting for these jobs hear now (inference.waiting); never raises.
+        transaction.on_commit(lambda: notify_finished(o.job.pk for o in outcomes), using=self.db)
         return written
 
     # --- moves on a filtered set ----------------------------------------------------------

@@ -11,6 +11,8 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("inference.api.urls")),
+    # The OpenAI-compatible front door (async views; renq_site.asgi serves them thread-free).
+    path("v1/", include("inference.openai_api.urls")),
     path(
         "api/schema/",
         SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),

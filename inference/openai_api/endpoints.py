@@ -1,0 +1,378 @@
+"""The OpenAI endpoints as renq jobs: a request body → a job input, a finished job → the body
+OpenAI would answer. Used by the synchronous views and by the Batch API for each line, so a
+batch line gets exactly the answer the same request would get on its own.
+
+    endpoint               kind       job input                           answer object
+    /v1/embeddings         embedding  {"texts"}                           "list" of "embedding"
+    /v1/rerank             reranker   {"query", "documents", "top_n"}     {"results": [...]}
+    /v1/chat/completions   llm        {"prompt", "max_tokens", "temperature"}  "chat.completion"
+    /v1/completions        llm        the same                            "text_completion"
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference.kinds import kind_of
+from inference.models import Job, Service
+from inference.openai_api.chat_template import ChatTemplateError, render_chat
+from inference.openai_api.errors import OpenAIError, bad_request, model_not_found
+
+EMBEDDINGS = "/v1/embeddings"
+RERANK = "/v1/rerank"
+CHAT_COMPLETIONS = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+# OpenAI allows up to 4 stop sequences.
+MAX_STOP_SEQUENCES = 4
+CHAT_ROLES = {"system", "developer", "user", "assistant"}
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What one request asks of renq: the service, the job input, and how to answer."""
+
+    service: Service
+    payload: dict
+    options: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    path: str
+    kind: str
+    # body → (job input, answer options); raises OpenAIError naming the request field.
+    build: Callable[[dict, Service], tuple[dict, dict]]
+    # (finished job, answer options) → the response body.
+    render: Callable[[Job, dict], dict]
+    # Job-input field → request field, for errors from inference.inputs.
+    field_names: Mapping[str, str]
+
+
+def find_service(model: Any) -> Service:
+    if not isinstance(model, str) or not model:
+        raise bad_request("you must provide a model parameter.", param="model")
+    service = Service.objects.filter(name=model, active=True).first()
+    if service is None:
+        raise model_not_found(model)
+    return service
+
+
+def prepare(endpoint: Endpoint, body: Any) -> JobRequest:
+    """Check the body and translate it into a job request (one query: the service)."""
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object.")
+    service = find_service(body.get("model"))
+    if service.kind != endpoint.kind:
+        raise bad_request(
+            f"model '{service.name}' is a {service.kind} service; {endpoint.path} needs a "
+            f"{endpoint.kind} service.",
+            param="model",
+            code="model_not_supported",
+        )
+    payload, options = endpoint.build(body, service)
+    return JobRequest(service=service, payload=payload, options=options)
+
+
+def _usage_tokens(job: Job) -> int:
+    if job.input_tokens is not None:
+        return job.input_tokens
+    return kind_of(job.service.kind).estimate_tokens(job.input)[0]
+
+
+def _created(job: Job) -> int:
+    return int(job.created_at.timestamp())
+
+
+# --- /v1/embeddings -------------------------------------------------------------------------
+
+
+def _build_embeddings(body: dict, service: Service) -> tuple[dict, dict]:
+    texts = body.get("input")
+    if isinstance(texts, str):
+        texts = [texts]
+    if not isinstance(texts, list) or not texts:
+        raise bad_request("input must be a string or a non-empty list of strings.", "input")
+    if any(isinstance(item, int | list) for item in texts):
+        raise bad_request("token arrays are not supported; send text.", "input")
+    encoding_format = body.get("encoding_format") or "float"
+    if encoding_format not in ("float", "base64"):
+        raise bad_request("encoding_format must be 'float' or 'base64'.", "encoding_format")
+    dimensions = body.get("dimensions")
+    if dimensions is not None and (
+        isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
+    ):
+        raise bad_request("dimensions must be a positive integer.", "dimensions")
+    return {"texts": texts}, {"encoding_format": encoding_format, "dimensions": dimensions}
+
+
+def shorten_embedding(vector: list[float], dimensions: int) -> list[float]:
+    """The first `dimensions` values, L2-normalised again (what OpenAI's `dimensions` does)."""
+    kept = vector[:dimensions]
+    norm = math.sqrt(sum(v * v for v in kept))
+    return [v / norm for v in kept] if norm > 0 else kept
+
+
+def encode_base64(vector: list[float]) -> str:
+    """Little-endian float32, as OpenAI sends it (the SDK decodes with numpy's float32)."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
+
+
+def _render_embeddings(job: Job, options: dict) -> dict:
+    vectors = job.result["embeddings"]
+    dimensions = options.get("dimensions")
+    if dimensions is not None:
+        size = job.result.get("dim") or (len(vectors[0]) if vectors else 0)
+        if dimensions > size:
+            raise bad_request(
+                f"dimensions {dimensions} is larger than the model's {size}.", "dimensions"
+            )
+        vectors = [shorten_embedding(v, dimensions) for v in vectors]
+    encode = encode_base64 if options.get("encoding_format") == "base64" else list
+    tokens = _usage_tokens(job)
+    return {
+        "object": "list",
+        "data": [
+            {"object": "embedding", "index": i, "embedding": encode(vector)}
+            for i, vector in enumerate(vectors)
+        ],
+        "model": job.service.name,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }
+
+
+# --- /v1/rerank (Cohere / Jina shape) -------------------------------------------------------
+
+
+def _build_rerank(body: dict, service: Service) -> tuple[dict, dict]:
+    documents = body.get("documents")
+    if not isinstance(documents, list) or not documents:
+        raise bad_request("documents must be a non-empty list.", "documents")
+    texts = []
+    for i, document in enumerate(documents):
+        if isinstance(document, dict):  # Cohere's {"text": ...}
+            document = document.get("text")
+        if not isinstance(document, str):
+            raise bad_request('must be a string or {"text": string}.', f"documents[{i}]")
+        texts.append(document)
+    payload: dict[str, Any] = {"query": body.get("query"), "documents": texts}
+    if body.get("top_n") is not None:
+        payload["top_n"] = body["top_n"]
+    return_documents = body.get("return_documents", False)
+    if not isinstance(return_documents, bool):
+        raise bad_request("return_documents must be true or false.", "return_documents")
+    return payload, {"return_documents": return_documents}
+
+
+def _render_rerank(job: Job, options: dict) -> dict:
+    scores = job.result["scores"]
+    documents = job.input["documents"]
+    results = []
+    for index in job.result["ranking"]:
+        item: dict[str, Any] = {"index": index, "relevance_score": scores[index]}
+        if options.get("return_documents"):
+            item["document"] = {"text": documents[index]}
+        results.append(item)
+    return {
+        "id": f"rerank-{job.pk}",
+        "model": job.service.name,
+        "results": results,
+        "usage": {"total_tokens": _usage_tokens(job)},
+    }
+
+
+# --- /v1/chat/completions and /v1/completions ----------------------------------------------
+
+
+def _generation_options(body: dict, payload: dict) -> dict:
+    """max_tokens, temperature, n and stop, shared by both completion endpoints."""
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise bad_request("only n=1 is supported.", "n")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is not None:
+        payload["max_tokens"] = max_tokens
+    if body.get("temperature") is not None:
+        payload["temperature"] = body["temperature"]
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        stop = [stop]
+    if stop is not None and (
+        not isinstance(stop, list)
+        or len(stop) > MAX_STOP_SEQUENCES
+        or not all(isinstance(s, str) and s for s in stop)
+    ):
+        raise bad_request(
+            f"stop must be a string or a list of up to {MAX_STOP_SEQUENCES} strings.", "stop"
+        )
+    return {"stop": stop or []}
+
+
+def apply_stop(text: str, finish_reason: str, stop: list[str]) -> tuple[str, str]:
+    """Cut the text at the first stop sequence (excluded, as OpenAI does)."""
+    cuts = [i for i in (text.find(s) for s in stop) if i >= 0]
+    if not cuts:
+        return text, finish_reason
+    return text[: min(cuts)], "stop"
+
+
+def _message_text(message: Any, index: int) -> tuple[str, str]:
+    if not isinstance(message, dict):
+        raise bad_request("each message must be an object.", f"messages[{index}]")
+    role = message.get("role")
+    if role not in CHAT_ROLES:
+        raise bad_request(
+            f"role must be one of {', '.join(sorted(CHAT_ROLES))}.", f"messages[{index}].role"
+        )
+    content = message.get("content")
+    if isinstance(content, list):  # content parts: text only
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise bad_request(
+                    "only text content parts are supported.", f"messages[{index}].content"
+                )
+            parts.append(str(part.get("text", "")))
+        content = "".join(parts)
+    if not isinstance(content, str):
+        raise bad_request("content must be a string.", f"messages[{index}].content")
+    return ("system" if role == "developer" else role), content
+
+
+def _build_chat(body: dict, service: Service) -> tuple[dict, dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list.", "messages")
+    turns = [_message_text(message, i) for i, message in enumerate(messages)]
+    try:
+        prompt = render_chat(
+            service.model_ref, [{"role": role, "content": text} for role, text in turns]
+        )
+    except ChatTemplateError as exc:
+        raise bad_request(
+            f"the model's chat template refused the messages: {exc}", "messages"
+        ) from exc
+    payload: dict[str, Any] = {"prompt": prompt}
+    return payload, _generation_options(body, payload)
+
+
+def _build_completion(body: dict, service: Service) -> tuple[dict, dict]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1:
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        raise bad_request(
+            "one prompt per request (send several as a batch: /v1/batches).", "prompt"
+        )
+    if not isinstance(prompt, str):
+        raise bad_request("prompt must be a string; token arrays are not supported.", "prompt")
+    payload: dict[str, Any] = {"prompt": prompt}
+    return payload, _generation_options(body, payload)
+
+
+def _completion_usage(job: Job) -> dict:
+    usage = job.result.get("usage") or {}
+    prompt_tokens = int(usage.get("prompt_tokens", 0))
+    completion_tokens = int(usage.get("completion_tokens", 0))
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+def _render_chat(job: Job, options: dict) -> dict:
+    text, finish_reason = apply_stop(
+        job.result["text"], job.result.get("finish_reason", "stop"), options.get("stop", [])
+    )
+    return {
+        "id": f"chatcmpl-{job.pk}",
+        "object": "chat.completion",
+        "created": _created(job),
+        "model": job.service.name,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "logprobs": None,
+                "finish_reason": finish_reason,
+            }
+        ],
+        "usage": _completion_usage(job),
+    }
+
+
+def _render_completion(job: Job, options: dict) -> dict:
+    text, finish_reason = apply_stop(
+        job.result["text"], job.result.get("finish_reason", "stop"), options.get("stop", [])
+    )
+    return {
+        "id": f"cmpl-{job.pk}",
+        "object": "text_completion",
+        "created": _created(job),
+        "model": job.service.name,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        "usage": _completion_usage(job),
+    }
+
+
+_GENERATION_FIELDS = {
+    "input.max_tokens": "max_tokens",
+    "input.temperature": "temperature",
+}
+
+ENDPOINTS: dict[str, Endpoint] = {
+    EMBEDDINGS: Endpoint(
+        EMBEDDINGS, "embedding", _build_embeddings, _render_embeddings, {"input.texts": "input"}
+    ),
+    RERANK: Endpoint(
+        RERANK,
+        "reranker",
+        _build_rerank,
+        _render_rerank,
+        {"input.query": "query", "input.documents": "documents", "input.top_n": "top_n"},
+    ),
+    CHAT_COMPLETIONS: Endpoint(
+        CHAT_COMPLETIONS,
+        "llm",
+        _build_chat,
+        _render_chat,
+        {"input.prompt": "messages", **_GENERATION_FIELDS},
+    ),
+    COMPLETIONS: Endpoint(
+        COMPLETIONS,
+        "llm",
+        _build_completion,
+        _render_completion,
+        {"input.prompt": "prompt", **_GENERATION_FIELDS},
+    ),
+}
+
+
+def endpoint_for(path: str) -> Endpoint:
+    try:
+        return ENDPOINTS[path]
+    except KeyError:
+        known = ", ".join(ENDPOINTS)
+        raise bad_request(f"unsupported endpoint '{path}'; supported: {known}.", "url") from None
+
+
+def job_failure(job: Job) -> OpenAIError:
+    """The error answer for a job that ended without a result."""
+    if job.status == "expired":
+        return OpenAIError(
+            503,
+            f"job {job.pk} expired before a worker could run it: {job.error}",
+            type="server_error",
+            code="job_expired",
+            headers={"Retry-After": "1"},
+        )
+    if job.status == "cancelled":
+        return OpenAIError(409, f"job {job.pk} was cancelled.", code="job_cancelled")
+    return OpenAIError(
+        500, f"job {job.pk} failed: {job.error}", type="server_error", code="job_failed"
+    )

@@ -1,0 +1,77 @@
+"""The synchronous work behind the front door's views (run on the db.py pool): authenticate,
+submit the request as a job, read it back once it is final."""
+
+from __future__ import annotations
+
+import uuid
+
+from inference.admission import AdmissionRefused
+from inference.inputs import InputError
+from inference.models import TERMINAL_STATUSES, ApiKey, Job, Tenant
+from inference.openai_api.endpoints import Endpoint, JobRequest, prepare
+from inference.openai_api.errors import (
+    from_admission_refused,
+    from_input_error,
+    invalid_api_key,
+)
+from inference.publishing import current_backend
+from inference.submission import submit_job
+
+PRIORITY_HEADER = "X-Renq-Priority"
+
+
+def authenticate(authorization: str) -> Tenant:
+    """The tenant of `Authorization: Bearer <key>`, or a 401 in OpenAI's words."""
+    scheme, _, key = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise invalid_api_key(
+            "You didn't provide an API key. Send it as 'Authorization: Bearer <api key>'."
+        )
+    api_key = ApiKey.objects.authenticate(key.strip())
+    if api_key is None:
+        raise invalid_api_key("Incorrect API key provided.")
+    return api_key.tenant
+
+
+def submit(
+    authorization: str, endpoint: Endpoint, body: object, priority: str | None
+) -> tuple[Job, JobRequest]:
+    """Authenticate, translate and submit: one trip to the database thread per request."""
+    tenant = authenticate(authorization)
+    request = prepare(endpoint, body)
+    try:
+        job = submit_job(
+            tenant=tenant,
+            service_name=request.service.name,
+            payload=request.payload,
+            priority=priority,
+        )
+    except InputError as exc:
+        raise from_input_error(exc, {**endpoint.field_names, "priority": PRIORITY_HEADER}) from exc
+    except AdmissionRefused as exc:
+        raise from_admission_refused(exc) from exc
+    return job, request
+
+
+def read_final_job(job_id: uuid.UUID) -> Job | None:
+    """The job with what its answer needs, if it reached a final status; else None."""
+    return (
+        Job.objects.filter(pk=job_id, status__in=TERMINAL_STATUSES)
+        .select_related("service", "route__backend")
+        .first()
+    )
+
+
+def cancel_if_queued(job_id: uuid.UUID) -> None:
+    """The client's deadline passed: a job nobody started yet would only waste a GPU."""
+    Job.objects.filter(pk=job_id).cancel()
+
+
+def renq_headers(job: Job) -> dict[str, str]:
+    headers = {"X-Renq-Job-Id": str(job.pk)}
+    if job.is_terminal:
+        backend = current_backend(job)
+        headers["X-Renq-Backend"] = backend.name if backend is not None else "local"
+        if job.queue_wait_ms is not None:
+            headers["X-Renq-Queue-Wait-Ms"] = f"{job.queue_wait_ms:.1f}"
+    return headers

@@ -1,0 +1,214 @@
+"""Async views of the synchronous endpoints and /v1/models.
+
+A request is authenticated and submitted as one renq job (one trip to the database pool), then
+waits for the job's outcome on Redis pub/sub (inference.waiting) — no thread is held while it
+waits — for the service's total_timeout, or the client's `X-Renq-Deadline-Ms`. Past that the
+answer is 504 with the job's id, so the result can still be fetched from /api/v1/jobs/<id>.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Awaitable, Callable
+from functools import wraps
+
+import redis
+from django.core.exceptions import RequestDataTooBig
+from django.db import DatabaseError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.views.decorators.csrf import csrf_exempt
+from kombu.exceptions import OperationalError as BrokerError
+
+from inference.models import Service, Tenant
+from inference.openai_api import endpoints, jobs
+from inference.openai_api.db import in_db_thread
+from inference.openai_api.endpoints import ENDPOINTS, Endpoint
+from inference.openai_api.errors import OpenAIError, bad_request, model_not_found
+from inference.tiers import Tier
+from inference.waiting import wait_for_final_job
+
+logger = logging.getLogger(__name__)
+
+DEADLINE_HEADER = "X-Renq-Deadline-Ms"
+# A deadline longer than a day is a mistake, not a deadline.
+MAX_DEADLINE_MS = 24 * 3600 * 1000
+# The worker's own verdict on a job due at the deadline (its result, or "expired") is stored
+# a little after it; wait that much longer so the client gets the verdict, not a 504.
+VERDICT_GRACE_S = 0.25
+
+# Postgres, Redis or RabbitMQ unavailable under a request: 503, retry later.
+DEPENDENCY_ERRORS = (DatabaseError, redis.ConnectionError, redis.TimeoutError, BrokerError)
+DEPENDENCY_RETRY_AFTER_S = 5
+
+View = Callable[..., Awaitable[HttpResponse]]
+
+
+def openai_view(*methods: str) -> Callable[[View], View]:
+    """Allowed methods, CSRF off (API keys, not cookies), errors in OpenAI's shape."""
+
+    def decorate(view: View) -> View:
+        @csrf_exempt
+        @wraps(view)
+        async def wrapper(request: HttpRequest, *args, **kwargs) -> HttpResponse:
+            try:
+                if request.method not in methods:
+                    raise OpenAIError(
+                        405, f"{request.method} is not allowed here.", code="method_not_allowed"
+                    )
+                return await view(request, *args, **kwargs)
+            except OpenAIError as exc:
+                return exc.response()
+            except RequestDataTooBig:
+                return OpenAIError(
+                    413, "the request body is too large.", code="request_too_large"
+                ).response()
+            except DEPENDENCY_ERRORS as exc:
+                logger.warning("dependency unavailable under %s: %r", request.path, exc)
+                return OpenAIError(
+                    503,
+                    "a dependency of renq (database, broker or Redis) is unavailable; retry later.",
+                    type="server_error",
+                    code="service_unavailable",
+                    headers={"Retry-After": str(DEPENDENCY_RETRY_AFTER_S)},
+                ).response()
+
+        return wrapper
+
+    return decorate
+
+
+def authorization(request: HttpRequest) -> str:
+    return request.headers.get("Authorization", "")
+
+
+async def authenticated_tenant(request: HttpRequest) -> Tenant:
+    return await in_db_thread(jobs.authenticate, authorization(request))
+
+
+def json_body(request: HttpRequest) -> object:
+    try:
+        return json.loads(request.body or b"null")
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise bad_request(f"the body is not valid JSON: {exc}", code="malformed_json") from None
+
+
+def requested_priority(request: HttpRequest) -> str | None:
+    priority = request.headers.get(jobs.PRIORITY_HEADER)
+    if priority is not None and priority not in Tier.values:
+        raise bad_request(
+            f"{jobs.PRIORITY_HEADER} must be one of {', '.join(Tier.values)}.",
+            jobs.PRIORITY_HEADER,
+        )
+    return priority or None
+
+
+def requested_deadline_s(request: HttpRequest) -> float | None:
+    value = request.headers.get(DEADLINE_HEADER)
+    if value is None:
+        return None
+    try:
+        deadline_ms = int(value)
+    except ValueError:
+        deadline_ms = 0
+    if not 1 <= deadline_ms <= MAX_DEADLINE_MS:
+        raise bad_request(
+            f"{DEADLINE_HEADER} must be an integer from 1 to {MAX_DEADLINE_MS} (milliseconds).",
+            DEADLINE_HEADER,
+        )
+    return deadline_ms / 1000
+
+
+async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
+    """Submit the request as a job, wait for it, answer as OpenAI would."""
+    priority = requested_priority(request)
+    deadline_s = requested_deadline_s(request)
+    body = json_body(request)
+    if isinstance(body, dict) and body.get("stream"):
+        raise bad_request(
+            "stream=true is not supported yet; send the request without it.",
+            "stream",
+            code="stream_not_supported",
+        )
+    job, job_request = await in_db_thread(
+        jobs.submit, authorization(request), endpoint, body, priority
+    )
+    timeout_s = deadline_s if deadline_s is not None else job_request.service.total_timeout
+    final = await wait_for_final_job(
+        job.pk,
+        lambda: in_db_thread(jobs.read_final_job, job.pk),
+        timeout_s=timeout_s + VERDICT_GRACE_S,
+    )
+    if final is None:
+        if deadline_s is not None:
+            await in_db_thread(jobs.cancel_if_queued, job.pk)
+        raise OpenAIError(
+            504,
+            f"job {job.pk} did not finish within {timeout_s:g} s; fetch its result later from "
+            f"/api/v1/jobs/{job.pk}.",
+            type="timeout",
+            code="job_timeout",
+            headers={"X-Renq-Job-Id": str(job.pk)},
+        )
+    headers = jobs.renq_headers(final)
+    if final.status != "succeeded":
+        error = endpoints.job_failure(final)
+        error.headers.update(headers)
+        raise error
+    try:
+        answer = endpoint.render(final, job_request.options)
+    except OpenAIError as exc:
+        exc.headers.update(headers)
+        raise
+    response = JsonResponse(answer)
+    for name, value in headers.items():
+        response[name] = value
+    return response
+
+
+@openai_view("POST")
+async def embeddings(request: HttpRequest) -> HttpResponse:
+    return await answer_with_job(request, ENDPOINTS[endpoints.EMBEDDINGS])
+
+
+@openai_view("POST")
+async def rerank(request: HttpRequest) -> HttpResponse:
+    return await answer_with_job(request, ENDPOINTS[endpoints.RERANK])
+
+
+@openai_view("POST")
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    return await answer_with_job(request, ENDPOINTS[endpoints.CHAT_COMPLETIONS])
+
+
+@openai_view("POST")
+async def completions(request: HttpRequest) -> HttpResponse:
+    return await answer_with_job(request, ENDPOINTS[endpoints.COMPLETIONS])
+
+
+def _model(service: Service) -> dict:
+    return {"id": service.name, "object": "model", "created": 0, "owned_by": "renq"}
+
+
+def _list_models(authorization_header: str) -> list[dict]:
+    jobs.authenticate(authorization_header)
+    return [_model(service) for service in Service.objects.filter(active=True)]
+
+
+def _get_model(authorization_header: str, model: str) -> dict:
+    jobs.authenticate(authorization_header)
+    service = Service.objects.filter(name=model, active=True).first()
+    if service is None:
+        raise model_not_found(model)
+    return _model(service)
+
+
+@openai_view("GET")
+async def models(request: HttpRequest) -> HttpResponse:
+    data = await in_db_thread(_list_models, authorization(request))
+    return JsonResponse({"object": "list", "data": data})
+
+
+@openai_view("GET")
+async def model_detail(request: HttpRequest, model: str) -> HttpResponse:
+    return JsonResponse(await in_db_thread(_get_model, authorization(request), model))
