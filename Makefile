@@ -22,7 +22,11 @@ venv: $(VENV)/.installed
 services:
 	bash scripts/ensure_services.sh
 
-db: venv services
+# A per-checkout secret key for local runs (never committed); deployments set DJANGO_SECRET_KEY.
+secret:
+	@mkdir -p .run && test -s .run/secret_key || python3 -c "import secrets; print(secrets.token_urlsafe(50))" > .run/secret_key
+
+db: venv services secret
 	$(PY) scripts/ensure_database.py
 	$(PY) manage.py migrate --noinput -v 0
 

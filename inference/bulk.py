@@ -17,7 +17,8 @@ from django.db import transaction
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
-from inference.admission import check_rate_limit
+from inference.admission import check_running_jobs, reserve_counters
+from inference.audit import record_receipts
 from inference.inputs import InputError
 from inference.kinds import kind_of
 from inference.models import Job, JobStatus, Service, Tenant
@@ -55,6 +56,9 @@ def split_bulk(service: Service, payload: Any) -> list[dict]:
             f"input.{items_field}",
             f"has {len(items)} items; at most {MAX_BULK_ITEMS} are allowed in one bulk job.",
         )
+    top_n = payload.get("top_n")
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+        raise InputError("input.top_n", "must be a positive integer.")
     # Validate every piece with the single-job rules, reporting the bulk-level index.
     size = piece_size(service)
     pieces = []
@@ -79,13 +83,29 @@ def _bulk_field(field: str, items_field: str, offset: int) -> str:
     return field
 
 
-def submit_bulk(*, tenant: Tenant, service_name: Any, payload: Any, priority: Any = None) -> Job:
+def submit_bulk(
+    *, tenant: Tenant, service_name: Any, payload: Any, priority: Any = None, actor: str = ""
+) -> Job:
+    """One request, admitted or refused whole: it counts once against the rate limits and
+    running-jobs quota, with all its tokens against the monthly budget. Its pieces wait on the
+    bulk queue, not in the tier queues, so they never fill max_queue_size for others."""
     service = resolve_service(service_name)
     tier = resolve_tier(priority if priority else Tier.BATCH, tenant)
     if tier not in BULK_TIERS:
         raise InputError("priority", "bulk jobs run at batch or offline priority.")
     piece_inputs = split_bulk(service, payload)
-    check_rate_limit(tenant, service)
+    kind = kind_of(service.kind)
+    tokens = sum(sum(kind.estimate_tokens(piece)) for piece in piece_inputs)
+    reservation = reserve_counters(tenant, service, jobs=1, tokens=tokens)
+    try:
+        check_running_jobs(tenant, 1)
+        return _store_bulk(tenant, service, tier, payload, piece_inputs, actor)
+    except BaseException:
+        reservation.release()
+        raise
+
+
+def _store_bulk(tenant, service, tier, payload, piece_inputs, actor: str) -> Job:
     with transaction.atomic():
         parent = Job.objects.create(
             tenant=tenant,
@@ -109,6 +129,7 @@ def submit_bulk(*, tenant: Tenant, service_name: Any, payload: Any, priority: An
             )
             for index, piece_input in enumerate(piece_inputs)
         )
+        record_receipts([parent], actor=actor)
         transaction.on_commit(lambda: publish_bulk(parent, pieces))
     return parent
 

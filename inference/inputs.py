@@ -25,6 +25,19 @@ class InputError(ValueError):
         self.message = message
 
 
+def check_storable_text(value: str, field: str) -> None:
+    """PostgreSQL's jsonb stores neither NUL nor lone UTF-16 surrogates: refuse them here,
+    naming the item, instead of failing the INSERT with a 500."""
+    if "\x00" in value:
+        raise InputError(field, "contains a NUL character (\\u0000), which cannot be stored.")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InputError(
+            field, "contains a lone surrogate (e.g. \\ud800): not valid Unicode text."
+        ) from None
+
+
 def _require_dict(value: Any, field: str) -> dict:
     if not isinstance(value, dict):
         raise InputError(field, "must be a JSON object.")
@@ -45,6 +58,7 @@ def _string_list(value: Any, field: str, *, max_items: int, max_chars: int) -> l
             raise InputError(f"{field}[{i}]", "must be a non-empty string.")
         if len(item) > max_chars:
             raise InputError(f"{field}[{i}]", f"is longer than {max_chars} characters.")
+        check_storable_text(item, f"{field}[{i}]")
     return value
 
 
@@ -76,6 +90,7 @@ def validate_reranker(payload: Any, *, max_items: int, field: str = "input") -> 
         raise InputError(f"{field}.query", "must be a non-empty string.")
     if len(query) > MAX_TEXT_CHARS:
         raise InputError(f"{field}.query", f"is longer than {MAX_TEXT_CHARS} characters.")
+    check_storable_text(query, f"{field}.query")
     documents = _string_list(
         payload.get("documents"),
         f"{field}.documents",
@@ -99,6 +114,7 @@ def validate_llm(payload: Any, *, max_items: int, field: str = "input") -> dict:
         raise InputError(f"{field}.prompt", "must be a non-empty string.")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise InputError(f"{field}.prompt", f"is longer than {MAX_PROMPT_CHARS} characters.")
+    check_storable_text(prompt, f"{field}.prompt")
     max_tokens = payload.get("max_tokens", DEFAULT_MAX_TOKENS)
     if (
         isinstance(max_tokens, bool)

@@ -10,10 +10,12 @@ next worker claims it afresh, so a duplicate message never runs it twice.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import redis
 from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
@@ -33,6 +35,8 @@ from routing.cascade import FallbackCascade
 from routing.models import Backend, JobRoute
 from routing.request import LocalWait, RoutingRequest
 from routing.router import Router, RoutingDecision
+
+logger = logging.getLogger(__name__)
 
 # Longest local wait that batch/offline work accepts before spilling to the cloud.
 NON_INTERACTIVE_TARGET_S = {Tier.BATCH: 15 * 60.0, Tier.OFFLINE: 6 * 3600.0}
@@ -165,9 +169,13 @@ def settle_local_outcomes(token: uuid.UUID, outcomes: Sequence[Outcome]) -> list
         return []
     ran = [o for o in outcomes if o.result is not None and o.inference_ms]
     if ran:
-        record_local_batch(
-            ran[0].job.service.name, ran[0].batch_size or len(ran), ran[0].inference_ms / 1000
-        )
+        try:
+            record_local_batch(
+                ran[0].job.service.name, ran[0].batch_size or len(ran), ran[0].inference_ms / 1000
+            )
+        except redis.RedisError:
+            # A statistic: losing one sample must not keep a batch's results from being stored.
+            logger.warning("could not record local throughput", exc_info=True)
     routed = dict(
         JobRoute.objects.filter(job_id__in=[o.job.pk for o in outcomes]).values_list(
             "job_id", "backend_id"
@@ -198,8 +206,11 @@ def settle_local_outcomes(token: uuid.UUID, outcomes: Sequence[Outcome]) -> list
     if len(failed) == len(outcomes):
         # Every job failed: the local backend itself is unwell (a single bad input is not).
         breaker = CircuitBreaker(shared_redis())
-        for backend_id in {routed[o.job.pk] for o in failed}:
-            breaker.record_failure(backends[backend_id])
+        try:
+            for backend_id in {routed[o.job.pk] for o in failed}:
+                breaker.record_failure(backends[backend_id])
+        except redis.RedisError:
+            logger.warning("could not record a local failure on the breaker", exc_info=True)
     cascade = FallbackCascade()
     for outcome in failed:
         error = hand_on(

@@ -29,6 +29,8 @@ RUN_JOB_TASK = "inference.run_job"
 CALL_BACKEND_TASK = "inference.call_backend"
 FINISH_BULK_TASK = "inference.finish_bulk"
 FAIL_BULK_TASK = "inference.fail_bulk"
+# Never consumed by renq: the message is the record (`renq.dead`, inspect it with RabbitMQ).
+DEAD_LETTER_TASK = "inference.dead_letter"
 # How long a consumer count read from RabbitMQ is trusted (one round trip per queue).
 CONSUMER_COUNT_TTL_S = 1.0
 
@@ -76,12 +78,7 @@ def destination(job: Job) -> Destination:
     )
 
 
-def publish(job: Job) -> bool:
-    """Publish the job's dispatch message and record that RabbitMQ confirmed it.
-
-    Returns False when the broker refused or was unreachable: the job stays queued with no
-    published_at, and `republish_unpublished` sends it later, so an accepted job is never lost.
-    """
+def _send(job: Job) -> bool:
     target = destination(job)
     try:
         app.send_task(
@@ -93,18 +90,59 @@ def publish(job: Job) -> bool:
             task_id=str(uuid.uuid4()),
         )
     except Exception:  # noqa: BLE001 - any broker failure leaves the job for the sweeper
-        logger.exception(
-            "publishing job %s to %s failed; the sweeper will retry", job.pk, target.queue
+        logger.warning(
+            "publishing job %s to %s failed; the sweeper will retry",
+            job.pk,
+            target.queue,
+            exc_info=True,
         )
         return False
-    Job.objects.filter(pk=job.pk).mark_published()
     return True
+
+
+def publish_many(jobs: Sequence[Job]) -> int:
+    """Publish the jobs' dispatch messages (with publisher confirms) and record, in one
+    UPDATE, which RabbitMQ confirmed. A job whose publish failed keeps no published_at and
+    `republish_unpublished` sends it later, so an accepted job is never lost. Stops at the
+    first failure: the broker is away, the sweeper will do the rest."""
+    sent = []
+    for job in jobs:
+        if not _send(job):
+            break
+        sent.append(job.pk)
+    if sent:
+        Job.objects.filter(pk__in=sent).mark_published()
+    return len(sent)
+
+
+def publish(job: Job) -> bool:
+    return publish_many([job]) == 1
 
 
 def publish_on_commit(job: Job) -> None:
     """Publish once the surrounding transaction commits, so a worker never sees a job that
     does not exist yet (or never will, if the transaction rolls back)."""
     transaction.on_commit(lambda: publish(job))
+
+
+def publish_many_on_commit(jobs: Sequence[Job]) -> None:
+    jobs = list(jobs)
+    transaction.on_commit(lambda: publish_many(jobs))
+
+
+def dead_letter(job_ids: Sequence, reason: str) -> None:
+    """A record of each given-up job on `renq.dead`, for operators and their tools (the job
+    itself is failed with the reason in Postgres, and the admin can requeue it)."""
+    for job_id in job_ids:
+        try:
+            app.send_task(
+                DEAD_LETTER_TASK,
+                args=[str(job_id), reason[:1000]],
+                queue=queues.dead_letter_queue(),
+                task_id=str(uuid.uuid4()),
+            )
+        except Exception:  # noqa: BLE001 - the job's own record in Postgres is what counts
+            logger.warning("could not publish dead letter of %s", job_id, exc_info=True)
 
 
 def publish_bulk(parent: Job, pieces: Sequence[Job]) -> bool:
@@ -138,7 +176,7 @@ def republish_unpublished(older_than_s: float = 10.0) -> int:
     stale = Job.objects.filter(
         status=JobStatus.QUEUED, published_at__isnull=True, created_at__lt=cutoff
     ).select_related("service", "route__backend")[:1000]
-    return sum(publish(job) for job in stale)
+    return publish_many(list(stale))
 
 
 _consumer_counts: dict[tuple[str, ...], tuple[float, int]] = {}
@@ -174,6 +212,25 @@ def consumer_count(queue_names: Sequence[str]) -> int:
         return 1
     _consumer_counts[key] = (now + CONSUMER_COUNT_TTL_S, total)
     return total
+
+
+def ready_message_counts(queue_names: Sequence[str]) -> dict[str, int]:
+    """Messages waiting (not delivered) in each queue, as RabbitMQ counts them; a queue that
+    was never declared counts 0. Raises when the broker cannot be asked."""
+    counts: dict[str, int] = {}
+    with app.connection_for_read() as connection:
+        for name in queue_names:
+            channel = connection.channel()
+            try:
+                counts[name] = channel.queue_declare(queue=name, passive=True).message_count
+            except connection.channel_errors:
+                counts[name] = 0
+            finally:
+                try:
+                    channel.close()
+                except Exception:  # noqa: BLE001 - a channel the 404 already closed
+                    pass
+    return counts
 
 
 def forget_consumer_counts() -> None:

@@ -5,6 +5,7 @@
     <service>.bulk                          the same GPU workers        bulk pieces (chord members)
     io.realtime|api|batch|offline           I/O workers (threads)       jobs routed to a cloud API
     renq.control                            the control worker (beat)   the sweep
+    renq.dead                               nobody (operators)          dead letters
 
 Tiers are separate queues so a worker chooses which tier to serve next; the plan boost is the
 AMQP message priority inside a tier queue. Every queue is a durable classic queue (quorum
@@ -23,6 +24,7 @@ from inference.tiers import PLAN_BOOST, TIER_ORDER, Tier
 # Plan boosts are the message priorities; kept small (each level is a sub-queue in RabbitMQ).
 MAX_PRIORITY = max(PLAN_BOOST.values())
 CONTROL_QUEUE = "renq.control"
+DEAD_LETTER_QUEUE = "renq.dead"
 IO_QUEUE_PREFIX = "io"
 BULK_SUFFIX = "bulk"
 
@@ -60,6 +62,12 @@ def io_queues() -> list[str]:
 
 def control_queue() -> str:
     return _prefixed(CONTROL_QUEUE)
+
+
+def dead_letter_queue() -> str:
+    """Jobs given up on (lost too often, or their input makes the model raise); nobody
+    consumes it: operators read it, the admin requeues the jobs."""
+    return _prefixed(DEAD_LETTER_QUEUE)
 
 
 def served_service_names(queue_names: set[str]) -> set[str]:

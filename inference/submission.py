@@ -1,21 +1,43 @@
-"""The submit service: the one way a job enters renq (REST API, bulk, demo, tests)."""
+"""The submit service: the one way a job enters renq (REST API, OpenAI API, bulk, demo, tests).
+
+validate (400 names the field) → admission (429/503 with Retry-After, a request admitted or
+refused whole) → INSERT (one statement for all jobs of a request) → routing decision → audit
+row → COMMIT → publish (after commit, so a worker never sees a job that does not exist).
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from inference.admission import check_queue_capacity, check_rate_limit
+from inference.admission import (
+    check_running_jobs,
+    lock_and_check_queue_capacity,
+    reserve_counters,
+)
+from inference.audit import record_event, record_receipts
 from inference.inputs import InputError
-from inference.kinds import validate_input
+from inference.kinds import kind_of, validate_input
 from inference.models import Job, JobStatus, Service, Tenant
 from inference.placement import route_on_submit
-from inference.publishing import publish_on_commit
+from inference.publishing import publish_many_on_commit
 from inference.tiers import Tier
+
+# An Idempotency-Key returns the job it first created for this long.
+IDEMPOTENCY_WINDOW = timedelta(hours=24)
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+# Longest deadline a request may ask for (a week: beyond that it is not a deadline).
+MAX_DEADLINE_MS = 7 * 24 * 3600 * 1000
+# Most jobs in one POST /api/v1/jobs list.
+MAX_JOBS_PER_REQUEST = 1000
 
 
 def resolve_service(name: Any) -> Service:
@@ -36,64 +58,235 @@ def resolve_tier(priority: Any, tenant: Tenant) -> Tier:
     return Tier(priority)
 
 
-def input_digest(service: Service, payload: dict) -> str:
+def resolve_deadline_ms(deadline_ms: Any) -> int | None:
+    if deadline_ms is None:
+        return None
+    if isinstance(deadline_ms, bool) or not isinstance(deadline_ms, int):
+        raise InputError("deadline_ms", "must be an integer number of milliseconds.")
+    if not 1 <= deadline_ms <= MAX_DEADLINE_MS:
+        raise InputError("deadline_ms", f"must be from 1 to {MAX_DEADLINE_MS}.")
+    return deadline_ms
+
+
+def input_digest(service: Service, tenant: Tenant, payload: dict) -> str:
+    """The result-cache key: per tenant (another tenant's inputs are never revealed) and per
+    model (a changed model_ref does not serve the old model's answers)."""
     canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(f"{service.pk}:{canonical}".encode()).hexdigest()
+    return hashlib.sha256(
+        f"{tenant.pk}:{service.pk}:{service.model_ref}:{canonical}".encode()
+    ).hexdigest()
 
 
-def submit_job(*, tenant: Tenant, service_name: Any, payload: Any, priority: Any = None) -> Job:
-    """Validate, admit and store a job; its dispatch message is published after commit.
+@dataclass
+class JobRequest:
+    """A validated submission, not yet admitted."""
+
+    service: Service
+    tier: Tier
+    input: dict
+    deadline_ms: int | None = None
+
+    @property
+    def tokens(self) -> int:
+        return sum(kind_of(self.service.kind).estimate_tokens(self.input))
+
+
+def prepare(
+    tenant: Tenant, *, service_name: Any, payload: Any, priority: Any = None, deadline_ms=None
+) -> JobRequest:
+    service = resolve_service(service_name)
+    return JobRequest(
+        service=service,
+        tier=resolve_tier(priority, tenant),
+        input=validate_input(service.kind, payload, max_items=service.max_items_per_job),
+        deadline_ms=resolve_deadline_ms(deadline_ms),
+    )
+
+
+def submit_job(
+    *,
+    tenant: Tenant,
+    service_name: Any,
+    payload: Any,
+    priority: Any = None,
+    deadline_ms: Any = None,
+    idempotency_key: str = "",
+    actor: str = "",
+) -> Job:
+    """Validate, admit and store one job; its dispatch message is published after commit.
 
     Raises InputError (400, names the field) or AdmissionRefused (429/503 with Retry-After).
+    With an `idempotency_key` already used by the tenant in the last 24 h, returns that job
+    (with `job.replayed = True`) and creates nothing.
     """
-    service = resolve_service(service_name)
-    tier = resolve_tier(priority, tenant)
-    clean = validate_input(service.kind, payload, max_items=service.max_items_per_job)
-    check_rate_limit(tenant, service)
-    digest = input_digest(service, clean)
+    key = _clean_idempotency_key(idempotency_key)
+    if key:
+        existing = _replay(tenant, key)
+        if existing is not None:
+            return existing
+    request = prepare(
+        tenant,
+        service_name=service_name,
+        payload=payload,
+        priority=priority,
+        deadline_ms=deadline_ms,
+    )
+    try:
+        return accept(tenant, [request], actor=actor, idempotency_key=key)[0]
+    except IntegrityError:
+        # A concurrent request with the same key won the race: answer with its job.
+        replay = _replay(tenant, key) if key else None
+        if replay is None:
+            raise
+        return replay
 
-    if service.enable_cache:
-        hit = (
-            Job.objects.filter(service=service, input_hash=digest, status=JobStatus.SUCCEEDED)
-            .only("result")
-            .first()
-        )
+
+def accept(
+    tenant: Tenant, requests: Sequence[JobRequest], *, actor: str = "", idempotency_key: str = ""
+) -> list[Job]:
+    """Admit and store validated requests, all or none; publish them after commit."""
+    jobs: list[Job | None] = [None] * len(requests)
+    pending: list[int] = []
+    for i, request in enumerate(requests):
+        hit = _cache_hit(tenant, request)
         if hit is not None:
-            now = timezone.now()
-            return Job.objects.create(
-                tenant=tenant,
-                service=service,
-                tier=tier,
-                message_priority=tenant.plan_boost,
-                status=JobStatus.SUCCEEDED,
-                input=clean,
-                input_hash=digest,
-                result=hit.result,
-                cached=True,
-                created_at=now,
-                started_at=now,
-                finished_at=now,
-                inference_ms=0.0,
-            )
+            jobs[i] = hit
+        else:
+            pending.append(i)
+    if not pending:
+        return jobs  # type: ignore[return-value]
 
-    check_queue_capacity(service)
-    with transaction.atomic():
-        job = Job.objects.create(
-            tenant=tenant,
-            service=service,
-            tier=tier,
-            message_priority=tenant.plan_boost,
-            input=clean,
-            input_hash=digest,
+    reservations = []
+    try:
+        by_service: dict[int, list[int]] = defaultdict(list)
+        for i in pending:
+            by_service[requests[i].service.pk].append(i)
+        for indexes in by_service.values():
+            service = requests[indexes[0]].service
+            reservations.append(
+                reserve_counters(
+                    tenant,
+                    service,
+                    jobs=len(indexes),
+                    tokens=sum(requests[i].tokens for i in indexes),
+                )
+            )
+        check_running_jobs(tenant, len(pending))
+        now = timezone.now()
+        with transaction.atomic():
+            for indexes in by_service.values():
+                _check_capacity(requests, indexes)
+            created = Job.objects.bulk_create(
+                _new_job(tenant, requests[i], now, idempotency_key) for i in pending
+            )
+            for job in created:
+                route_on_submit(job)
+            record_receipts(created, actor=actor)
+            publish_many_on_commit(created)
+    except BaseException:
+        for reservation in reservations:
+            reservation.release()
+        raise
+    for i, job in zip(pending, created, strict=True):
+        jobs[i] = job
+    return jobs  # type: ignore[return-value]
+
+
+def _check_capacity(requests: Sequence[JobRequest], indexes: list[int]) -> None:
+    service = requests[indexes[0]].service
+    realtime = sum(requests[i].tier == Tier.REALTIME for i in indexes)
+    # Non-realtime work must fit below the realtime reserve; realtime may fill the queue.
+    if len(indexes) > realtime:
+        lock_and_check_queue_capacity(service, Tier.BATCH, len(indexes))
+    else:
+        lock_and_check_queue_capacity(service, Tier.REALTIME, len(indexes))
+
+
+def _new_job(tenant: Tenant, request: JobRequest, now, idempotency_key: str) -> Job:
+    service = request.service
+    deadline_at = None
+    if request.deadline_ms is not None:
+        deadline_at = now + timedelta(milliseconds=request.deadline_ms)
+    return Job(
+        tenant=tenant,
+        service=service,
+        tier=request.tier,
+        message_priority=tenant.plan_boost,
+        input=request.input,
+        input_hash=input_digest(service, tenant, request.input) if service.enable_cache else "",
+        created_at=now,
+        deadline_at=deadline_at,
+        idempotency_key=idempotency_key,
+    )
+
+
+def _cache_hit(tenant: Tenant, request: JobRequest) -> Job | None:
+    service = request.service
+    if not service.enable_cache:
+        return None
+    digest = input_digest(service, tenant, request.input)
+    hit = (
+        Job.objects.filter(
+            tenant=tenant, service=service, input_hash=digest, status=JobStatus.SUCCEEDED
         )
-        # A service with a route gets a backend chosen; the publish goes where it says.
-        route_on_submit(job)
-        publish_on_commit(job)
+        .only("result")
+        .first()
+    )
+    if hit is None:
+        return None
+    now = timezone.now()
+    return Job.objects.create(
+        tenant=tenant,
+        service=service,
+        tier=request.tier,
+        message_priority=tenant.plan_boost,
+        status=JobStatus.SUCCEEDED,
+        input=request.input,
+        input_hash=digest,
+        result=hit.result,
+        cached=True,
+        created_at=now,
+        started_at=now,
+        finished_at=now,
+        inference_ms=0.0,
+    )
+
+
+def _clean_idempotency_key(key: Any) -> str:
+    if not key:
+        return ""
+    if not isinstance(key, str) or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
+        raise InputError(
+            "Idempotency-Key", f"must be a string of at most {MAX_IDEMPOTENCY_KEY_CHARS} chars."
+        )
+    return key.strip()
+
+
+def _replay(tenant: Tenant, key: str) -> Job | None:
+    job = (
+        Job.objects.select_related("service", "route__backend")
+        .filter(tenant=tenant, idempotency_key=key)
+        .first()
+    )
+    if job is None:
+        return None
+    if job.created_at < timezone.now() - IDEMPOTENCY_WINDOW:
+        # Expired: the key is free again (it is unique per tenant, so the old job lets go).
+        Job.objects.filter(pk=job.pk).update(idempotency_key="")
+        return None
+    job.replayed = True
     return job
 
 
-def cancel_job(job: Job) -> bool:
-    """Cancel a queued job. Returns False if a worker already claimed or finished it."""
-    cancelled = Job.objects.filter(pk=job.pk).cancel()
+def cancel_job(job: Job, *, actor: str = "") -> bool:
+    """Cancel a queued job (a bulk job: its queued pieces, and the parent when none has run).
+    Returns False if a worker already claimed or finished it."""
+    if job.is_bulk:
+        cancelled = Job.objects.filter(parent=job).cancel()
+        cancelled += Job.objects.filter(pk=job.pk).cancel_bulk()
+    else:
+        cancelled = Job.objects.filter(pk=job.pk).cancel()
     job.refresh_from_db()
+    if cancelled:
+        record_event("cancelled", job=job, actor=actor)
     return bool(cancelled)

@@ -10,44 +10,61 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
+import redis
 from celery import shared_task
+from celery.exceptions import Reject
 from celery.signals import worker_process_init, worker_process_shutdown
+from django.db import DatabaseError, close_old_connections
 
 from inference.bulk import fail_bulk, finish_bulk, retry_failed_piece
 from inference.tiers import Tier
 from inference.workers.cloud import run_cloud_attempt
 from inference.workers.gpu import BatchRunner
 from inference.workers.sweeper import sweep_jobs
-from inference.workers.tier_reader import TierQueueReader
+from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool
 from inference.workers.warmup import warm_engines_for_consumed_queues
 from renq_site.celery import app
 
-_readers: dict[str, TierQueueReader] = {}
+logger = logging.getLogger(__name__)
+
+# Postgres, Redis or the broker failing before a job's outcome is stored. The message must not
+# be acked into oblivion (Celery acks a failed acks_late task): it goes back to its queue after
+# a pause, so the job runs once the dependency is back.
+INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
+    DatabaseError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+    *BROKER_ERRORS,
+)
+# Pause before handing the message back, so an outage is not a hot redelivery loop.
+INFRASTRUCTURE_BACKOFF_S = 1.0
+
+_readers = ReaderPool(app.connection_for_read, lambda name: app.amqp.queues[name])
+_runner = BatchRunner(_readers)
 
 
-def _reader(service_name: str) -> TierQueueReader:
-    """One reader (one broker channel) per service per worker process."""
-    if service_name not in _readers:
-        _readers[service_name] = TierQueueReader(
-            app.connection_for_read(),
-            service_name,
-            queue_factory=lambda name: app.amqp.queues[name],
-        )
-    return _readers[service_name]
-
-
-_runner = BatchRunner(_reader)
+def _requeue_after_outage(exc: BaseException) -> Reject:
+    logger.warning("dependency unavailable (%s); message goes back to its queue", exc)
+    close_old_connections()  # a broken database connection is reopened by the next task
+    time.sleep(INFRASTRUCTURE_BACKOFF_S)
+    return Reject(str(exc), requeue=True)
 
 
 @shared_task(name="inference.run_job", bind=True)
 def run_job(self, job_id: str) -> dict:
     info = self.request.delivery_info or {}
     tier = (info.get("routing_key") or "").rsplit(".", 1)[-1]
-    report = _runner.run(
-        job_id,
-        seed_redelivered=bool(info.get("redelivered")),
-        seed_tier=tier if tier in Tier.values else None,
-    )
+    try:
+        report = _runner.run(
+            job_id,
+            seed_redelivered=bool(info.get("redelivered")),
+            seed_tier=tier if tier in Tier.values else None,
+        )
+    except INFRASTRUCTURE_ERRORS as exc:
+        raise _requeue_after_outage(exc) from exc
     # A failed piece of a bulk job (a chord member) is retried alone, not the whole bulk.
     if report["seed_failed"] and self.request.chord and retry_failed_piece(job_id):
         raise self.retry(countdown=1, max_retries=None)
@@ -57,7 +74,10 @@ def run_job(self, job_id: str) -> dict:
 @shared_task(name="inference.call_backend", bind=True)
 def call_backend(self, job_id: str, backend_id: int) -> dict:
     info = self.request.delivery_info or {}
-    return run_cloud_attempt(job_id, backend_id, redelivered=bool(info.get("redelivered")))
+    try:
+        return run_cloud_attempt(job_id, backend_id, redelivered=bool(info.get("redelivered")))
+    except INFRASTRUCTURE_ERRORS as exc:
+        raise _requeue_after_outage(exc) from exc
 
 
 @shared_task(name="inference.finish_bulk")
@@ -82,5 +102,4 @@ def _warm_worker_process(**_kwargs) -> None:
 
 @worker_process_shutdown.connect
 def _close_readers(**_kwargs) -> None:
-    while _readers:
-        _readers.popitem()[1].close()
+    _readers.close_all()

@@ -31,6 +31,7 @@ from django.db.models import F
 from django.utils import timezone
 from psycopg2.extras import execute_values
 
+from inference import metrics
 from inference.tiers import Tier
 from inference.waiting import notify_finished
 
@@ -65,7 +66,8 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     (JobStatus.RUNNING, JobStatus.QUEUED): "release / requeue",
     (JobStatus.QUEUED, JobStatus.EXPIRED): "expire",
     (JobStatus.QUEUED, JobStatus.CANCELLED): "cancel",
-    (JobStatus.FAILED, JobStatus.QUEUED): "retry",
+    (JobStatus.RUNNING, JobStatus.CANCELLED): "cancel_bulk (a bulk parent)",
+    (JobStatus.FAILED, JobStatus.QUEUED): "retry / revive (a dead-lettered job, by an admin)",
 }
 
 EXPIRED_IN_QUEUE = "waited longer than the service's queue_timeout before a worker was free"
@@ -83,10 +85,21 @@ RETURNING id
 
 _POISON_SQL = """
 UPDATE inference_job
-   SET status = 'failed', finished_at = %(now)s, claim_token = NULL,
+   SET status = 'failed', finished_at = %(now)s, claim_token = NULL, dead_lettered_at = %(now)s,
        error = 'the worker running this job was lost ' || attempts || ' times; giving up'
  WHERE id = ANY(%(redelivered)s::uuid[]) AND status = 'running'
    AND attempts >= %(max_attempts)s
+RETURNING id
+"""
+
+# The audit trail's completion rows, one statement per batch, in the outcomes' transaction.
+_AUDIT_COMPLETIONS_SQL = """
+INSERT INTO inference_auditevent (at, kind, tenant_id, job_id, actor, detail)
+SELECT clock_timestamp(), %(kind)s, tenant_id, id, worker,
+       jsonb_build_object('status', status)
+  FROM inference_job
+ WHERE id = ANY(%(ids)s::uuid[]) AND status = ANY(%(statuses)s)
+   AND (%(token)s::uuid IS NULL OR claim_token = %(token)s::uuid)
 """
 
 # One statement for a whole batch; every row carries the claim token it must still hold.
@@ -110,6 +123,8 @@ class Claim:
     token: uuid.UUID
     jobs: list[Job] = field(default_factory=list)
     expired: list[Job] = field(default_factory=list)
+    # Redelivered too often (their workers kept dying): failed and dead-lettered.
+    dead_lettered: list[uuid.UUID] = field(default_factory=list)
 
 
 @dataclass
@@ -121,6 +136,8 @@ class Outcome:
     inference_ms: float | None = None
     batch_size: int | None = None
     tokens: int | None = None
+    # A failure that is a verdict on the job (its input makes the model raise): dead-letter it.
+    dead_letter: bool = False
 
 
 def missed_deadline(job: Job, now: datetime) -> bool:
@@ -130,6 +147,19 @@ def missed_deadline(job: Job, now: datetime) -> bool:
     waited_s = (now - job.created_at).total_seconds()
     service = job.service
     return waited_s > service.queue_timeout or waited_s > service.total_timeout
+
+
+def _audit(cursor, job_ids: list, kind: str, statuses: list[str], token=None) -> None:
+    if job_ids:
+        cursor.execute(
+            _AUDIT_COMPLETIONS_SQL,
+            {
+                "kind": kind,
+                "ids": [str(i) for i in job_ids],
+                "statuses": list(statuses),
+                "token": str(token) if token else None,
+            },
+        )
 
 
 class JobQuerySet(models.QuerySet):
@@ -155,12 +185,14 @@ class JobQuerySet(models.QuerySet):
             "redelivered": [str(i) for i in redelivered_ids],
             "max_attempts": settings.RENQ_MAX_ATTEMPTS,
         }
+        claim = Claim(token=token)
         with transaction.atomic(using=self.db), connection.cursor() as cursor:
             if params["redelivered"]:
                 cursor.execute(_POISON_SQL, params)
+                claim.dead_lettered = [row[0] for row in cursor.fetchall()]
+                _audit(cursor, claim.dead_lettered, "dead_lettered", [JobStatus.FAILED])
             cursor.execute(_CLAIM_SQL, params)
             claimed_ids = [row[0] for row in cursor.fetchall()]
-        claim = Claim(token=token)
         if not claimed_ids:
             return claim
         jobs = self.model.objects.select_related("service", "tenant").in_bulk(claimed_ids)
@@ -170,6 +202,7 @@ class JobQuerySet(models.QuerySet):
                 continue
             (claim.expired if missed_deadline(job, now) else claim.jobs).append(job)
         if claim.expired:
+            metrics.record_jobs(claim.expired, JobStatus.EXPIRED, "deadline")
             self.model.objects.filter(
                 pk__in=[j.pk for j in claim.expired], claim_token=token, status=JobStatus.RUNNING
             ).update(status=JobStatus.EXPIRED, finished_at=now, error=EXPIRED_IN_QUEUE)
@@ -210,9 +243,18 @@ class JobQuerySet(models.QuerySet):
                     error=o.error[:4000],
                     started_at=o.started_at or now,
                     finished_at=now,
+                    dead_lettered_at=now if o.dead_letter else None,
                 )
+            _audit(
+                cursor,
+                [o.job.pk for o in outcomes],
+                "completed",
+                [JobStatus.SUCCEEDED, JobStatus.FAILED],
+                token,
+            )
         # Front-door requests waiting for these jobs hear now (inference.waiting); never raises.
         transaction.on_commit(lambda: notify_finished(o.job.pk for o in outcomes), using=self.db)
+        metrics.record_outcomes(outcomes)
         return written
 
     # --- moves on a filtered set ----------------------------------------------------------
@@ -242,6 +284,7 @@ class JobQuerySet(models.QuerySet):
     def fail(self, error: str) -> int:
         """running → failed without an outcome from a model: lost too often, or no backend
         of its cascade could run it; also a bulk parent whose pieces failed."""
+        metrics.record_leaving(self, JobStatus.RUNNING, JobStatus.FAILED, "gave_up")
         return self.filter(status=JobStatus.RUNNING).update(
             status=JobStatus.FAILED, finished_at=timezone.now(), error=error[:4000]
         )
@@ -254,14 +297,38 @@ class JobQuerySet(models.QuerySet):
 
     def expire(self, reason: str) -> int:
         """queued → expired: nobody started it within its deadline."""
+        metrics.record_leaving(self, JobStatus.QUEUED, JobStatus.EXPIRED, "deadline")
         return self.filter(status=JobStatus.QUEUED).update(
             status=JobStatus.EXPIRED, finished_at=timezone.now(), error=reason
         )
 
     def cancel(self) -> int:
         """queued → cancelled; a job a worker already claimed runs to its end."""
+        metrics.record_leaving(self, JobStatus.QUEUED, JobStatus.CANCELLED, "by_request")
         return self.filter(status=JobStatus.QUEUED).update(
             status=JobStatus.CANCELLED, finished_at=timezone.now(), error="cancelled by request"
+        )
+
+    def cancel_bulk(self) -> int:
+        """running → cancelled for a bulk parent: its queued pieces are cancelled by the
+        caller; pieces already running finish, and the chord's callback then finds nothing."""
+        return self.filter(status=JobStatus.RUNNING, is_bulk=True).update(
+            status=JobStatus.CANCELLED, finished_at=timezone.now(), error="cancelled by request"
+        )
+
+    def revive(self) -> int:
+        """failed → queued for dead-lettered jobs an operator sends back (admin "requeue");
+        their attempts start again. The caller publishes them."""
+        return self.filter(status=JobStatus.FAILED, dead_lettered_at__isnull=False).update(
+            status=JobStatus.QUEUED,
+            claim_token=None,
+            claimed_at=None,
+            started_at=None,
+            finished_at=None,
+            published_at=None,
+            dead_lettered_at=None,
+            attempts=0,
+            error="",
         )
 
     def retry(self) -> int:

@@ -3,6 +3,7 @@
 import os
 
 from celery import Celery
+from django.conf import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
 
@@ -45,7 +46,7 @@ app.conf.update(
     beat_schedule={
         "sweep-jobs": {
             "task": "inference.sweep",
-            "schedule": float(os.environ.get("RENQ_SWEEP_INTERVAL_S", "10")),
+            "schedule": settings.RENQ_SWEEP_INTERVAL_S,
         }
     },
 )

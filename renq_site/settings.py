@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -12,8 +13,20 @@ def env_bool(name: str, default: bool) -> bool:
     return os.environ.get(name, str(default)).strip().lower() in {"1", "true", "yes", "on"}
 
 
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "renq-dev-only-not-secret")
 DEBUG = env_bool("DJANGO_DEBUG", False)
+# The key signs sessions (the admin): never a default one outside DEBUG. `make setup` writes a
+# per-checkout key to .run/secret_key for local runs; deployments set DJANGO_SECRET_KEY.
+_LOCAL_SECRET_KEY_FILE = BASE_DIR / ".run" / "secret_key"
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "").strip() or (
+    _LOCAL_SECRET_KEY_FILE.read_text().strip() if _LOCAL_SECRET_KEY_FILE.is_file() else ""
+)
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "DJANGO_SECRET_KEY is not set (and no .run/secret_key from `make setup`): refusing "
+            "to start with a default secret key while DEBUG is off."
+        )
+    SECRET_KEY = "renq-dev-only-not-secret"
 ALLOWED_HOSTS = os.environ.get("DJANGO_ALLOWED_HOSTS", "127.0.0.1,localhost,testserver").split(",")
 
 INSTALLED_APPS = [
@@ -34,6 +47,10 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # Outermost: a too-large body is refused before anything reads it, and a dependency
+    # outage anywhere below is a 503 with Retry-After, never a 500.
+    "renq_site.middleware.RequestBodyLimitMiddleware",
+    "renq_site.middleware.DependencyUnavailableMiddleware",
     "django.middleware.security.SecurityMiddleware",
     # Static files (admin CSS, the docs page's assets) come from the app server itself: gunicorn
     # alone serves a working admin and docs page, no nginx needed.
@@ -88,7 +105,7 @@ WHITENOISE_USE_FINDERS = True
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["inference.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "DEFAULT_PAGINATION_CLASS": "inference.api.pagination.BoundedLimitOffsetPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "inference.api.errors.renq_exception_handler",
@@ -116,6 +133,11 @@ RENQ_REDIS_URL = os.environ.get("RENQ_REDIS_URL", "redis://127.0.0.1:6379/1")
 RENQ_MAX_ATTEMPTS = int(os.environ.get("RENQ_MAX_ATTEMPTS", "3"))
 # Where the worker's model files live when a model_ref is relative.
 RENQ_DEVICE = os.environ.get("RENQ_DEVICE") or None
+# Largest request body accepted (413 above it); Django's own parser limit follows it.
+RENQ_MAX_REQUEST_BYTES = int(os.environ.get("RENQ_MAX_REQUEST_BYTES", str(4 * 1024 * 1024)))
+DATA_UPLOAD_MAX_MEMORY_SIZE = RENQ_MAX_REQUEST_BYTES
+# Seconds between sweeps (outbox, lost messages, dead claims, stranded jobs, expiry).
+RENQ_SWEEP_INTERVAL_S = float(os.environ.get("RENQ_SWEEP_INTERVAL_S", "10"))
 
 LOGGING = {
     "version": 1,

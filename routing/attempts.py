@@ -9,6 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
+from django.dispatch import Signal
 from django.utils import timezone
 
 from routing.models import AttemptOutcome, Backend, JobAttempt
@@ -42,10 +43,17 @@ class AttemptRecord:
         )
 
 
+# Sent with `attempts` (the stored JobAttempt rows) after every record_attempts: the job
+# lifecycle counts them (inference.metrics) without routing knowing who listens.
+attempts_recorded = Signal()
+
+
 def record_attempts(records: Iterable[AttemptRecord]) -> list[JobAttempt]:
     """Store attempts in one INSERT."""
     now = timezone.now()
-    return JobAttempt.objects.bulk_create([record.row(now) for record in records])
+    attempts = JobAttempt.objects.bulk_create([record.row(now) for record in records])
+    attempts_recorded.send(sender=JobAttempt, attempts=attempts)
+    return attempts
 
 
 def record_attempt(record: AttemptRecord) -> JobAttempt:
@@ -70,6 +78,7 @@ __all__ = [
     "AttemptOutcome",
     "AttemptRecord",
     "attempt_reasons",
+    "attempts_recorded",
     "record_attempt",
     "record_attempts",
     "tried_backend_ids",

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from rest_framework import status
+from drf_spectacular.utils import OpenApiResponse
+from rest_framework import serializers, status
 from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
@@ -36,6 +37,31 @@ def error_response(
     return Response(body, status=status_code, headers=headers)
 
 
+class ErrorDetailSerializer(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()))
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = ErrorDetailSerializer()
+
+
+# Every error the job API can answer, for the OpenAPI schema (429/503 carry Retry-After).
+ERROR_RESPONSES = {
+    code: OpenApiResponse(ErrorSerializer, description=description)
+    for code, description in {
+        400: "Invalid input; `fields` names the offending field.",
+        401: "No or invalid API key.",
+        404: "No such job for this tenant.",
+        409: "The job cannot be cancelled in its state.",
+        413: "Request body too large.",
+        429: "Rate limit or quota exceeded (Retry-After).",
+        503: "Queue full or a dependency unavailable (Retry-After).",
+    }.items()
+}
+
+
 def renq_exception_handler(exc, context):
     if isinstance(exc, InputError):
         return error_response(
@@ -45,13 +71,16 @@ def renq_exception_handler(exc, context):
             {exc.field: [exc.message]},
         )
     if isinstance(exc, AdmissionRefused):
-        return error_response(
+        response = error_response(
             exc.status_code,
             "rate_limited" if exc.status_code == 429 else "queue_full",
             exc.message,
             {exc.field: [exc.message]},
             headers={"Retry-After": str(exc.retry_after_s)},
         )
+        if exc.quota:
+            response.data["error"]["quota"] = exc.quota
+        return response
     response = exception_handler(exc, context)
     if response is None:
         return None

@@ -7,7 +7,8 @@ from rest_framework import generics, status
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from inference.api.errors import error_response
+from inference.api.errors import ERROR_RESPONSES, error_response
+from inference.api.intake import job_fields, requested_actor
 from inference.api.serializers import (
     JobAcceptedSerializer,
     JobSerializer,
@@ -18,7 +19,14 @@ from inference.api.serializers import (
 from inference.bulk import submit_bulk
 from inference.inputs import InputError
 from inference.models import Job, JobStatus, Service
-from inference.submission import cancel_job, submit_job
+from inference.submission import (
+    MAX_JOBS_PER_REQUEST,
+    JobRequest,
+    accept,
+    cancel_job,
+    prepare,
+    submit_job,
+)
 from routing.models import JobAttempt
 
 
@@ -40,29 +48,87 @@ class JobListCreateView(generics.ListAPIView):
             jobs = jobs.filter(service__name=service)
         return jobs
 
-    @extend_schema(request=JobSubmitSerializer, responses={202: JobAcceptedSerializer})
+    @extend_schema(
+        request=JobSubmitSerializer,
+        responses={202: JobAcceptedSerializer, 200: JobAcceptedSerializer, **ERROR_RESPONSES},
+        description="Submit one job (an object) or many (a list of up to "
+        f"{MAX_JOBS_PER_REQUEST} objects: one transaction, per-item results and errors). "
+        "An `Idempotency-Key` header returns the job it first created (24 h).",
+    )
     def post(self, request):
-        body = JobSubmitSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        if isinstance(request.data, list):
+            return self._post_many(request)
+        fields = job_fields(request.data)
         job = submit_job(
             tenant=request.user,
-            service_name=body.validated_data["service"],
-            payload=body.validated_data["input"],
-            priority=body.validated_data.get("priority"),
+            service_name=fields.get("service"),
+            payload=fields["input"],
+            priority=fields.get("priority"),
+            deadline_ms=fields.get("deadline_ms"),
+            idempotency_key=request.headers.get("Idempotency-Key", ""),
+            actor=requested_actor(request),
         )
-        return Response(JobAcceptedSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+        replayed = getattr(job, "replayed", False)
+        return Response(
+            JobAcceptedSerializer(job).data,
+            status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED,
+        )
+
+    def _post_many(self, request):
+        items = request.data
+        if not items or len(items) > MAX_JOBS_PER_REQUEST:
+            raise InputError("body", f"must list 1 to {MAX_JOBS_PER_REQUEST} jobs.")
+        tenant = request.user
+        results: list[dict | None] = [None] * len(items)
+        valid: list[tuple[int, JobRequest]] = []
+        for i, item in enumerate(items):
+            try:
+                fields = job_fields(item, prefix=f"[{i}].")
+                valid.append(
+                    (
+                        i,
+                        prepare(
+                            tenant,
+                            service_name=fields.get("service"),
+                            payload=fields["input"],
+                            priority=fields.get("priority"),
+                            deadline_ms=fields.get("deadline_ms"),
+                        ),
+                    )
+                )
+            except InputError as exc:
+                field = exc.field if exc.field.startswith("[") else f"[{i}].{exc.field}"
+                results[i] = {
+                    "error": {
+                        "code": "invalid_input",
+                        "field": field,
+                        "message": f"{field}: {exc.message}",
+                    }
+                }
+        if not valid:
+            first = next(r for r in results if r)["error"]
+            raise InputError(first["field"], first["message"].split(": ", 1)[-1])
+        jobs = accept(tenant, [r for _, r in valid], actor=requested_actor(request))
+        for (i, _), job in zip(valid, jobs, strict=True):
+            results[i] = JobAcceptedSerializer(job).data
+        return Response(
+            {"accepted": len(valid), "rejected": len(items) - len(valid), "jobs": results},
+            status=status.HTTP_202_ACCEPTED,
+        )
 
 
 class BulkJobCreateView(APIView):
-    @extend_schema(request=JobSubmitSerializer, responses={202: JobSerializer})
+    @extend_schema(request=JobSubmitSerializer, responses={202: JobSerializer, **ERROR_RESPONSES})
     def post(self, request):
-        body = JobSubmitSerializer(data=request.data)
-        body.is_valid(raise_exception=True)
+        fields = job_fields(request.data)
+        if "deadline_ms" in fields:
+            raise InputError("deadline_ms", "is not supported on bulk jobs.")
         job = submit_bulk(
             tenant=request.user,
-            service_name=body.validated_data["service"],
-            payload=body.validated_data["input"],
-            priority=body.validated_data.get("priority"),
+            service_name=fields.get("service"),
+            payload=fields["input"],
+            priority=fields.get("priority"),
+            actor=requested_actor(request),
         )
         return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
 
@@ -73,7 +139,7 @@ def _own_jobs(request):
 
 
 class JobDetailView(APIView):
-    @extend_schema(responses=JobSerializer)
+    @extend_schema(responses={200: JobSerializer, **ERROR_RESPONSES})
     def get(self, request, job_id):
         attempts = Prefetch(
             "routing_attempts",
@@ -82,14 +148,14 @@ class JobDetailView(APIView):
         job = get_object_or_404(_own_jobs(request).prefetch_related(attempts), pk=job_id)
         return Response(JobSerializer(job).data)
 
-    @extend_schema(responses=JobSerializer)
+    @extend_schema(responses={200: JobSerializer, **ERROR_RESPONSES})
     def delete(self, request, job_id):
         job = get_object_or_404(_own_jobs(request), pk=job_id)
-        if not cancel_job(job):
+        if not cancel_job(job, actor=requested_actor(request)):
             return error_response(
                 status.HTTP_409_CONFLICT,
                 "not_cancellable",
-                f"job is {job.status}; only queued jobs can be cancelled.",
+                f"job is {job.status}; only queued jobs (and running bulk jobs) can be cancelled.",
                 {"status": [job.status]},
             )
         return Response(JobSerializer(job).data)

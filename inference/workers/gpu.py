@@ -15,15 +15,17 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.utils import timezone
 
+from inference import metrics
 from inference.batching import BatchItem, BatchWindow
 from inference.engines import load_engine
 from inference.kinds import kind_of
 from inference.models import Job
 from inference.placement import fail_over_local_error, settle_local_outcomes
+from inference.publishing import dead_letter
 from inference.tiers import Tier
 from inference.transitions import Claim, Outcome
 from inference.workers import worker_identity
-from inference.workers.tier_reader import PulledMessage, TierQueueReader
+from inference.workers.tier_reader import BROKER_ERRORS, PulledMessage, ReaderPool
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +55,8 @@ class BatchReport:
 
 
 class BatchRunner:
-    def __init__(self, reader_for_service):
-        # reader_for_service(service_name) -> TierQueueReader, cached by the caller.
-        self._reader_for_service = reader_for_service
+    def __init__(self, readers: ReaderPool):
+        self._readers = readers
 
     def run(self, seed_job_id: str, *, seed_redelivered: bool, seed_tier: str | None) -> dict:
         report = BatchReport()
@@ -66,6 +67,8 @@ class BatchRunner:
             worker=worker,
         )
         report.expired += len(seed_claim.expired)
+        if seed_claim.dead_lettered:
+            dead_letter(seed_claim.dead_lettered, "its workers were lost too many times")
         if not seed_claim.jobs:
             report.dropped += 1 - len(seed_claim.expired)
             return report.as_dict()
@@ -80,8 +83,8 @@ class BatchRunner:
                 raise
             report.failed += 1
             return report.as_dict()
-        reader: TierQueueReader = self._reader_for_service(service.name)
-        if seed_tier:
+        reader = self._readers.get(service.name)
+        if reader is not None and seed_tier:
             reader.mark_served(seed_tier)
 
         window: BatchWindow[tuple[Job, Claim]] = BatchWindow(
@@ -95,22 +98,40 @@ class BatchRunner:
         )
         pulled: list[PulledMessage] = []
         try:
-            self._fill(window, reader, engine, pulled, worker, report)
+            if reader is not None:
+                self._fill_or_drop_reader(window, reader, engine, pulled, worker, report)
             outcomes = self._run_batch(engine, window.items, report)
             # The seed is the window's first item.
             report.seed_failed = outcomes[0].result is None
         except BaseException:
             # Outcomes may not be stored: hand the pulled messages back now (redelivered, the
             # claim is taken over) rather than waiting for the stale-claim sweep.
-            for pm in pulled:
-                if not pm.message.acknowledged:
-                    pm.message.requeue()
+            self._settle_messages(service.name, pulled, ack=False)
             raise
         # Outcomes are stored: only now may RabbitMQ forget the messages.
-        for pm in pulled:
-            if not pm.message.acknowledged:
-                pm.message.ack()
+        self._settle_messages(service.name, pulled, ack=True)
         return report.as_dict()
+
+    def _fill_or_drop_reader(self, window, reader, engine, pulled, worker, report) -> None:
+        try:
+            self._fill(window, reader, engine, pulled, worker, report)
+        except BROKER_ERRORS:
+            # The broker went away mid-batch: run what the window holds, open a fresh
+            # connection for the next batch. Pulled messages return to their queues when the
+            # broken channel closes; their jobs' outcomes are stored under the claim anyway.
+            logger.warning("broker connection lost while forming a batch", exc_info=True)
+            self._readers.discard(reader.service_name)
+
+    def _settle_messages(self, service_name: str, pulled: list[PulledMessage], *, ack: bool):
+        try:
+            for pm in pulled:
+                if not pm.message.acknowledged:
+                    pm.message.ack() if ack else pm.message.requeue()
+        except BROKER_ERRORS:
+            # A dead channel gives its unacked messages back to RabbitMQ by itself; their
+            # redelivery finds the jobs finished (or takes the claim over) in Postgres.
+            logger.warning("could not settle %d pulled messages", len(pulled), exc_info=True)
+            self._readers.discard(service_name)
 
     @staticmethod
     def _item(engine, job: Job, claim: Claim) -> BatchItem[tuple[Job, Claim]]:
@@ -151,6 +172,8 @@ class BatchRunner:
             worker=worker,
         )
         report.expired += len(claim.expired)
+        if claim.dead_lettered:
+            dead_letter(claim.dead_lettered, "its workers were lost too many times")
         runnable = {str(job.pk): job for job in claim.jobs}
         to_release = []
         for pm in burst:
@@ -174,12 +197,17 @@ class BatchRunner:
         jobs = [item.value[0] for item in items]
         report.tiers = sorted({job.tier for job in jobs})
         outcomes = self._infer(engine, jobs, [item.tokens for item in items])
+        metrics.observe_batch(jobs[0].service, outcomes)
         by_token: dict = {}
         for item, outcome in zip(items, outcomes, strict=True):
             by_token.setdefault(item.value[1].token, []).append(outcome)
         for token, token_outcomes in by_token.items():
             # Routed jobs: record local attempts, hand failures to the next fallback.
-            Job.objects.store_outcomes(token, settle_local_outcomes(token, token_outcomes))
+            settled = settle_local_outcomes(token, token_outcomes)
+            Job.objects.store_outcomes(token, settled)
+            dead = [o.job.pk for o in settled if o.result is None and o.dead_letter]
+            if dead:
+                dead_letter(dead, "the model raised on this job's input")
         report.ran += sum(o.result is not None for o in outcomes)
         report.failed += sum(o.result is None for o in outcomes)
         return outcomes
@@ -193,9 +221,13 @@ class BatchRunner:
         except Exception as exc:
             if len(jobs) == 1:
                 logger.exception("job %s failed", jobs[0].pk)
+                # Alone, it still fails: its input is the cause. A verdict, not a crash.
                 return [
                     Outcome(
-                        job=jobs[0], error=f"{type(exc).__name__}: {exc}", started_at=started_at
+                        job=jobs[0],
+                        error=f"{type(exc).__name__}: {exc}",
+                        started_at=started_at,
+                        dead_letter=True,
                     )
                 ]
             # One bad input must not fail its neighbours: run each alone to find it.

@@ -18,7 +18,13 @@ from inference import queues
 from inference.bulk import finish_stalled_bulks
 from inference.models import Job, JobStatus, Service
 from inference.placement import hand_on
-from inference.publishing import consumer_count, publish, republish_unpublished
+from inference.publishing import (
+    consumer_count,
+    destination,
+    publish,
+    ready_message_counts,
+    republish_unpublished,
+)
 from inference.tiers import Tier
 from inference.transitions import Outcome
 from routing.attempts import AttemptOutcome, AttemptRecord, record_attempts
@@ -56,6 +62,29 @@ def recover_stale_claims(now=None) -> int:
             publish(job)  # where its backend is: the local tier queue or an I/O queue
             recovered += 1
     return recovered
+
+
+# A queued job whose message was confirmed this long ago, while its queue holds no message at
+# all, has lost its message (a worker acked it and then failed before claiming, or a broker
+# lost it): it is published again. A duplicate is harmless (the claim runs a job once), so the
+# bound is short: a lost message is found within LOST_MESSAGE_AFTER_S + one sweep interval.
+LOST_MESSAGE_AFTER_S = 30.0
+
+
+def republish_lost_messages(now=None, *, lost_after_s: float = LOST_MESSAGE_AFTER_S) -> int:
+    now = now or timezone.now()
+    waiting = list(
+        Job.objects.filter(
+            status=JobStatus.QUEUED,
+            is_bulk=False,
+            published_at__lt=now - timedelta(seconds=lost_after_s),
+        ).select_related("service", "route__backend")[:1000]
+    )
+    if not waiting:
+        return 0
+    targets = {job.pk: destination(job).queue for job in waiting}
+    empty = {q for q, n in ready_message_counts(sorted(set(targets.values()))).items() if n == 0}
+    return sum(publish(job) for job in waiting if targets[job.pk] in empty)
 
 
 def expire_overdue(now=None) -> int:
@@ -138,6 +167,7 @@ def rescue_stranded_local_jobs(now=None, *, stranded_after_s: float = STRANDED_A
 def sweep_jobs() -> dict:
     return {
         "republished": republish_unpublished(),
+        "lost_republished": republish_lost_messages(),
         "rescued": rescue_stranded_local_jobs(),
         "recovered": recover_stale_claims(),
         "expired": expire_overdue(),

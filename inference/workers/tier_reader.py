@@ -9,15 +9,24 @@ stored, so a crash hands them back to RabbitMQ.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from amqp.exceptions import AMQPError
 from kombu import Connection
+from kombu.exceptions import KombuError
 from kombu.message import Message
 
 from inference.queues import tier_queue
 from inference.tiers import AGING_INTERVAL_S, TIER_ORDER, Tier
+
+logger = logging.getLogger(__name__)
+
+# What a broken broker connection or channel raises through kombu/py-amqp ("connection already
+# closed", BrokenPipeError, ConnectionResetError, channel closed by the broker, …).
+BROKER_ERRORS: tuple[type[BaseException], ...] = (OSError, KombuError, AMQPError)
 
 
 @dataclass
@@ -94,3 +103,51 @@ class TierQueueReader:
             self._channel.close()
         finally:
             self._connection.release()
+
+
+class ReaderPool:
+    """The worker process's readers, one per service, each on its own broker connection.
+
+    A reader whose connection broke is discarded and the next batch opens a new one, so a
+    worker that lived through a broker outage serves again as soon as the broker is back
+    (a cached reader that never reconnected kept failing every later batch).
+    """
+
+    def __init__(
+        self,
+        connect: Callable[[], Connection],
+        queue_factory: Callable[[str], object],
+    ):
+        self._connect = connect
+        self._queue_factory = queue_factory
+        self._readers: dict[str, TierQueueReader] = {}
+
+    def get(self, service_name: str) -> TierQueueReader | None:
+        """The service's reader, or None while the broker cannot be reached."""
+        reader = self._readers.get(service_name)
+        if reader is None:
+            try:
+                reader = TierQueueReader(
+                    self._connect(), service_name, queue_factory=self._queue_factory
+                )
+            except BROKER_ERRORS:
+                logger.warning(
+                    "cannot open a reader for %s; batching the seed alone",
+                    service_name,
+                    exc_info=True,
+                )
+                return None
+            self._readers[service_name] = reader
+        return reader
+
+    def discard(self, service_name: str) -> None:
+        reader = self._readers.pop(service_name, None)
+        if reader is not None:
+            try:
+                reader.close()
+            except BROKER_ERRORS:
+                pass  # already broken: closing is only tidying up
+
+    def close_all(self) -> None:
+        for name in list(self._readers):
+            self.discard(name)

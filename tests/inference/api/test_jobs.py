@@ -200,13 +200,31 @@ def test_cache_answers_identical_input_without_a_worker(api, make_service):
         service=service,
         tier="api",
         input={"texts": ["same"]},
-        input_hash=input_digest(service, {"texts": ["same"]}),
+        input_hash=input_digest(service, api.tenant, {"texts": ["same"]}),
         status=JobStatus.SUCCEEDED,
         result={"embeddings": [[1.0]], "dim": 1},
     )
     body = submit(api, service="embedding", input={"texts": ["same"]}).json()
     assert body["status"] == "succeeded" and body["cached"] is True
     assert body["result"] == {"embeddings": [[1.0]], "dim": 1}
+
+
+def test_the_cache_never_answers_another_tenants_input(api, make_tenant, make_service):
+    service = make_service("embedding", enable_cache=True)
+    Job.objects.create(
+        tenant=api.tenant,
+        service=service,
+        tier="api",
+        input={"texts": ["secret"]},
+        input_hash=input_digest(service, api.tenant, {"texts": ["secret"]}),
+        status=JobStatus.SUCCEEDED,
+        result={"embeddings": [[1.0]], "dim": 1},
+    )
+    _, other_key = make_tenant("other")
+    other = APIClient()
+    other.credentials(HTTP_AUTHORIZATION=f"Bearer {other_key}")
+    body = submit(other, service="embedding", input={"texts": ["secret"]}).json()
+    assert body["status"] == "queued" and body["cached"] is False
 
 
 def test_openapi_schema_and_docs_are_served(client):
