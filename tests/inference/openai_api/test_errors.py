@@ -1,0 +1,123 @@
+"""Error paths answer in OpenAI's shape, so the SDK raises the class its users catch."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import requests
+
+from inference.models import Job, JobStatus
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def assert_openai_shape(error: openai.APIStatusError, status: int, code: str | None) -> dict:
+    assert error.status_code == status
+    body = error.response.json()["error"]
+    assert set(body) == {"message", "type", "param", "code"}
+    assert body["code"] == code and body["message"]
+    return body
+
+
+def test_bad_key_is_401(client, front_door_url):
+    from openai import OpenAI
+
+    stranger = OpenAI(base_url=f"{front_door_url}/v1", api_key="rq_wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as caught:
+        stranger.embeddings.create(model="embedding", input="hi")
+    assert_openai_shape(caught.value, 401, "invalid_api_key")
+    response = requests.get(f"{front_door_url}/v1/models", timeout=5)
+    assert response.status_code == 401
+
+
+def test_unknown_model_is_404_model_not_found(client):
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.embeddings.create(model="no-such-model", input="hi")
+    body = assert_openai_shape(caught.value, 404, "model_not_found")
+    assert body["param"] == "model"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_a_model_of_the_wrong_kind_is_400(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model="llm", input="hi")
+    assert_openai_shape(caught.value, 400, "model_not_supported")
+
+
+def test_bad_input_names_the_request_field(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model="embedding", input=["fine", "x" * 20_001])
+    body = assert_openai_shape(caught.value, 400, "invalid_value")
+    assert body["param"] == "input[1]"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="llm", messages=[{"role": "user", "content": "hi"}], n=2
+        )
+    assert assert_openai_shape(caught.value, 400, None)["param"] == "n"
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model="embedding", input="hi", dimensions=0)
+    assert assert_openai_shape(caught.value, 400, None)["param"] == "dimensions"
+
+
+def test_too_many_inputs_is_400_and_a_huge_body_is_413(client, front_door_url, tenant_key):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model="embedding", input=["x"] * 257)
+    assert assert_openai_shape(caught.value, 400, "invalid_value")["param"] == "input"
+    response = requests.post(
+        f"{front_door_url}/v1/embeddings",
+        json={"model": "embedding", "input": ["word " * 4000] * 300},
+        headers={"Authorization": f"Bearer {tenant_key}"},
+        timeout=30,
+    )
+    assert response.status_code == 413
+    assert response.json()["error"]["code"] == "request_too_large"
+
+
+def test_malformed_json_and_bad_headers_are_400(front_door_url, tenant_key, services):
+    auth = {"Authorization": f"Bearer {tenant_key}", "Content-Type": "application/json"}
+    response = requests.post(f"{front_door_url}/v1/embeddings", data="{", headers=auth, timeout=5)
+    assert response.status_code == 400
+    assert response.json()["error"]["code"] == "malformed_json"
+    for header in ({"X-Renq-Priority": "urgent"}, {"X-Renq-Deadline-Ms": "soon"}):
+        response = requests.post(
+            f"{front_door_url}/v1/embeddings",
+            json={"model": "embedding", "input": "hi"},
+            headers={**auth, **header},
+            timeout=5,
+        )
+        assert response.status_code == 400
+        assert response.json()["error"]["param"] == next(iter(header))
+
+
+def test_rate_limit_is_429_with_retry_after(client, services):
+    services["embedding"].rate_limit = 1
+    services["embedding"].save()
+    refused = []
+    # No worker here: admitted requests time out (~0.25 s each), so three requests span at
+    # most two seconds and two of them share one: at least one is over 1 job/s.
+    for _ in range(3):
+        try:
+            client.embeddings.create(
+                model="embedding", input="hi", extra_headers={"X-Renq-Deadline-Ms": "1"}
+            )
+        except openai.RateLimitError as exc:
+            refused.append(exc)
+        except openai.APIStatusError as exc:
+            assert exc.status_code == 504
+    assert refused
+    assert_openai_shape(refused[0], 429, "rate_limit_exceeded")
+    assert int(refused[0].response.headers["Retry-After"]) >= 1
+
+
+def test_no_result_by_the_deadline_is_504_with_the_job_id(client):
+    # No GPU worker consumes the queue in this test: the job cannot finish.
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.embeddings.create(
+            model="embedding", input="hi", extra_headers={"X-Renq-Deadline-Ms": "300"}
+        )
+    assert_openai_shape(caught.value, 504, "job_timeout")
+    job_id = caught.value.response.headers["X-Renq-Job-Id"]
+    assert job_id in caught.value.message
+    # The deadline was the client's: a job nobody started is cancelled, not left to run.
+    assert Job.objects.get(pk=job_id).status == JobStatus.CANCELLED
