@@ -66,14 +66,17 @@ def jobs_ahead(service: Service, tier: str) -> int:
 
 
 @dataclass
-class ServiceQueueProbe:
-    """The local workers of one service, as the router may ask about them."""
+class ServiceWorkerProbe:
+    """The workers that would carry out one service's jobs, as the router may ask."""
 
     service: Service
     tier: str
 
-    def consumer_count(self) -> int:
+    def local_consumer_count(self) -> int:
         return consumer_count(queues.service_tier_queues(self.service.name))
+
+    def io_consumer_count(self) -> int:
+        return consumer_count(queues.io_queues())
 
     def predicted_wait(self) -> LocalWait:
         ahead = jobs_ahead(self.service, self.tier)
@@ -102,7 +105,7 @@ def routing_request(job: Job) -> RoutingRequest:
         tier=job.tier,
         input_tokens=input_tokens,
         output_tokens=output_tokens,
-        local=ServiceQueueProbe(service, job.tier),
+        workers=ServiceWorkerProbe(service, job.tier),
     )
 
 

@@ -136,6 +136,9 @@ RENQ_DEVICE = os.environ.get("RENQ_DEVICE") or None
 # Largest request body accepted (413 above it); Django's own parser limit follows it.
 RENQ_MAX_REQUEST_BYTES = int(os.environ.get("RENQ_MAX_REQUEST_BYTES", str(4 * 1024 * 1024)))
 DATA_UPLOAD_MAX_MEMORY_SIZE = RENQ_MAX_REQUEST_BYTES
+# How long a service's (or the I/O) queues may have no consumer before their jobs are handed
+# to the next fallback: longer than a worker restart with its model load.
+RENQ_STRANDED_AFTER_S = float(os.environ.get("RENQ_STRANDED_AFTER_S", "30"))
 # Seconds between sweeps (outbox, lost messages, dead claims, stranded jobs, expiry).
 RENQ_SWEEP_INTERVAL_S = float(os.environ.get("RENQ_SWEEP_INTERVAL_S", "10"))
 

@@ -1,8 +1,8 @@
 """What the router needs to know about one job, handed in by the caller.
 
 routing knows nothing of jobs: the job's lifecycle (inference) describes the job as a
-`RoutingRequest` — its service, kind, tier, estimated tokens, how long its tier may wait — and
-gives a `LocalQueueProbe` that answers, only if asked, how busy the local workers are.
+`RoutingRequest` — its service, kind, tier, estimated tokens — and gives a `WorkerProbe` that
+answers, only if asked, whether workers are there and how long the local ones would take.
 """
 
 from __future__ import annotations
@@ -26,9 +26,14 @@ class LocalWait:
         return self.wait_s <= self.target_s
 
 
-class LocalQueueProbe(Protocol):
-    def consumer_count(self) -> int:
-        """Workers consuming the service's local queues now (0: none is there to run it)."""
+class WorkerProbe(Protocol):
+    """What the router may ask about the workers that would carry the job out."""
+
+    def local_consumer_count(self) -> int:
+        """GPU workers consuming the service's local queues now (0: none is there)."""
+
+    def io_consumer_count(self) -> int:
+        """I/O workers consuming the cloud-call queues now (0: a cloud job would strand)."""
 
     def predicted_wait(self) -> LocalWait:
         """How long the job would wait on the local workers, against its tier's target."""
@@ -42,7 +47,7 @@ class RoutingRequest:
     tier: str
     input_tokens: int
     output_tokens: int
-    local: LocalQueueProbe
+    workers: WorkerProbe
 
     @property
     def tokens(self) -> int:

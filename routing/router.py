@@ -184,7 +184,7 @@ class Router:
         wait: LocalWait | None = None
         local_note = ""
         if local is not None:
-            wait = request.local.predicted_wait()
+            wait = request.workers.predicted_wait()
             scores[local.backend.name] = round(wait.wait_s, 6)
             if local.available and wait.meets_target:
                 return RoutingDecision(

@@ -7,6 +7,7 @@ message harmless, so republishing is always safe.
 
 from __future__ import annotations
 
+import time
 import uuid
 from datetime import timedelta
 
@@ -15,6 +16,7 @@ from django.db.models import Q
 from django.utils import timezone
 
 from inference import queues
+from inference.batches.tasks import restart_stalled_batches
 from inference.bulk import finish_stalled_bulks
 from inference.models import Job, JobStatus, Service
 from inference.placement import hand_on
@@ -27,6 +29,7 @@ from inference.publishing import (
 )
 from inference.tiers import Tier
 from inference.transitions import Outcome
+from renq_site.shared_redis import shared_redis
 from routing.attempts import AttemptOutcome, AttemptRecord, record_attempts
 from routing.backends.base import LocalEngineError
 from routing.cascade import FallbackCascade
@@ -36,10 +39,10 @@ from routing.models import Backend, JobRoute
 # dead: its worker died and the message was lost with it (celery#5641 does not requeue a
 # message twice).
 STALE_CLAIM_FLOOR_S = 120.0
-# A job queued for a local backend is handed on once no GPU worker has been consuming its
-# service's queues and it has waited this long since publishing: a worker restart (model
-# load included) should not send a backlog to a paid API.
-STRANDED_AFTER_S = 5.0
+# A job waiting for workers that are not there (a GPU worker crashed or was stopped, no I/O
+# worker runs) is handed to the next fallback once its queues have had no consumer for this
+# long: a worker restart, model load included, must not send a backlog to a paid API.
+STRANDED_AFTER_S = settings.RENQ_STRANDED_AFTER_S
 
 
 def recover_stale_claims(now=None) -> int:
@@ -100,67 +103,93 @@ def expire_overdue(now=None) -> int:
     return expired
 
 
-def rescue_stranded_local_jobs(now=None, *, stranded_after_s: float = STRANDED_AFTER_S) -> int:
-    """Jobs routed to a local backend whose service has no consuming worker (it crashed, was
-    stopped or was never started) go down the cascade like any failed attempt: a local attempt
-    is recorded as failed and the next fallback gets the job. That covers queued jobs and the
-    claims of a batch the dead worker was running (once inference_timeout has passed, no
-    worker can still be finishing it; should one be, its claim token no longer matches and
-    its results are dropped, so each job still ends with one result). Interactive jobs
-    already past their deadline are expired by the claim instead. Returns jobs handed on."""
+def unconsumed_for_s(name: str, consumers: int) -> float:
+    """How long the queues named `name` have had no consumer, as every sweeper sees it (the
+    first sweep to find them unconsumed stamps the time in Redis)."""
+    key = f"renq:unconsumed:{name}"
+    client = shared_redis()
+    if consumers > 0:
+        client.delete(key)
+        return 0.0
+    now = time.time()
+    client.set(key, now, nx=True, ex=7 * 86400)
+    return now - float(client.get(key) or now)
+
+
+def rescue_stranded_jobs(now=None, *, stranded_after_s: float = STRANDED_AFTER_S) -> int:
+    """Jobs routed to a backend whose workers are gone go down the cascade like any failed
+    attempt: a failed attempt is recorded and the next fallback gets the job. For a local
+    backend that covers queued jobs and the claims of a batch the dead worker was running
+    (once inference_timeout has passed, no worker can still be finishing it; should one be,
+    its claim token no longer matches and its results are dropped). Interactive jobs already
+    past their deadline are expired by the claim instead. Returns jobs handed on."""
     now = now or timezone.now()
     cutoff = now - timedelta(seconds=stranded_after_s)
-    stranded = (
-        JobRoute.objects.filter(backend__kind="local")
-        .filter(
-            Q(job__status=JobStatus.QUEUED, job__published_at__lt=cutoff)
-            | Q(job__status=JobStatus.RUNNING, job__claimed_at__lt=cutoff)
-        )
-        .values_list("job__service__name", "job_id", "backend_id")[:5000]
-    )
-    by_service: dict[str, list[tuple[uuid.UUID, int]]] = {}
-    for service_name, job_id, backend_id in stranded:
-        by_service.setdefault(service_name, []).append((job_id, backend_id))
+    stranded = JobRoute.objects.filter(
+        Q(job__status=JobStatus.QUEUED, job__published_at__lt=cutoff)
+        | Q(job__status=JobStatus.RUNNING, job__claimed_at__lt=cutoff)
+    ).values_list("job__service__name", "backend__kind", "job_id", "backend_id")[:5000]
+    groups: dict[tuple[str, str], list[tuple[uuid.UUID, int]]] = {}
+    for service_name, backend_kind, job_id, backend_id in stranded:
+        # Local jobs wait on their service's queues; cloud jobs on the shared I/O queues.
+        group = (service_name, "local") if backend_kind == "local" else ("", "io")
+        groups.setdefault(group, []).append((job_id, backend_id))
     cascade = FallbackCascade()
     handed_on = 0
-    for service_name, rows in by_service.items():
-        if consumer_count(queues.service_tier_queues(service_name)) > 0:
-            continue  # a worker is there: the jobs are merely waiting their turn
-        backend_of = dict(rows)
-        service = Service.objects.get(name=service_name)
-        dead_claim_before = now - timedelta(
-            seconds=max(stranded_after_s, service.inference_timeout)
+    for (service_name, placement), rows in groups.items():
+        if placement == "local":
+            names, what = queues.service_tier_queues(service_name), f"the {service_name} queues"
+            # A claim older than one inference_timeout cannot belong to a live batch.
+            claim_dead_after_s = Service.objects.get(name=service_name).inference_timeout
+        else:
+            names, what = queues.io_queues(), "the io queues"
+            claim_dead_after_s = max(Backend.objects.values_list("timeout_s", flat=True))
+        consumers = consumer_count(names)
+        unconsumed_s = unconsumed_for_s(service_name or "io", consumers)
+        if consumers > 0 or unconsumed_s < stranded_after_s:
+            continue  # workers are there (or were, a moment ago): the jobs wait their turn
+        handed_on += _hand_on_stranded(
+            rows,
+            f"no worker consuming {what} for {stranded_after_s:g} s",
+            now - timedelta(seconds=claim_dead_after_s),
+            cascade,
         )
-        Job.objects.filter(pk__in=backend_of, claimed_at__lt=dead_claim_before).requeue()
-        backends = Backend.objects.in_bulk(set(backend_of.values()))
-        claim = Job.objects.claim(list(backend_of), worker="sweeper")
-        reason = f"no worker consuming the {service_name} queues for {stranded_after_s:g} s"
-        record_attempts(
-            AttemptRecord(
-                job_id=job.pk,
-                backend=backends[backend_of[job.pk]],
-                started_at=now,
-                outcome=AttemptOutcome.FAILED,
-                error=reason,
-                worker="sweeper",
-            )
-            for job in claim.jobs
+    return handed_on
+
+
+def _hand_on_stranded(rows, reason: str, dead_claims_before, cascade: FallbackCascade) -> int:
+    backend_of = dict(rows)
+    now = timezone.now()
+    Job.objects.filter(pk__in=backend_of, claimed_at__lt=dead_claims_before).requeue()
+    backends = Backend.objects.in_bulk(set(backend_of.values()))
+    claim = Job.objects.claim(list(backend_of), worker="sweeper")
+    record_attempts(
+        AttemptRecord(
+            job_id=job.pk,
+            backend=backends[backend_of[job.pk]],
+            started_at=now,
+            outcome=AttemptOutcome.FAILED,
+            error=reason,
+            worker="sweeper",
         )
-        failed: list[Outcome] = []
-        for job in claim.jobs:
-            error = hand_on(
-                job,
-                claim.token,
-                backends[backend_of[job.pk]],
-                LocalEngineError(reason),
-                cascade=cascade,
-            )
-            if error is None:
-                handed_on += 1
-            else:
-                failed.append(Outcome(job=job, error=error))
-        if failed:
-            Job.objects.store_outcomes(claim.token, failed)
+        for job in claim.jobs
+    )
+    handed_on = 0
+    failed: list[Outcome] = []
+    for job in claim.jobs:
+        error = hand_on(
+            job,
+            claim.token,
+            backends[backend_of[job.pk]],
+            LocalEngineError(reason),
+            cascade=cascade,
+        )
+        if error is None:
+            handed_on += 1
+        else:
+            failed.append(Outcome(job=job, error=error))
+    if failed:
+        Job.objects.store_outcomes(claim.token, failed)
     return handed_on
 
 
@@ -168,8 +197,9 @@ def sweep_jobs() -> dict:
     return {
         "republished": republish_unpublished(),
         "lost_republished": republish_lost_messages(),
-        "rescued": rescue_stranded_local_jobs(),
+        "rescued": rescue_stranded_jobs(),
         "recovered": recover_stale_claims(),
         "expired": expire_overdue(),
         "bulks_finished": finish_stalled_bulks(),
+        "batches_restarted": restart_stalled_batches(),  # the Batch API (inference.batches)
     }

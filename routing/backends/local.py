@@ -14,7 +14,7 @@ class LocalAdapter(BackendAdapter):
     placement = Placement.LOCAL_WORKERS
 
     def unavailable_reason(self, request: RoutingRequest) -> str | None:
-        if request.local.consumer_count() == 0:
+        if request.workers.local_consumer_count() == 0:
             return f"no worker consuming the {request.service_name} queues"
         return None
 

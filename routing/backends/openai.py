@@ -178,6 +178,9 @@ class OpenAIAdapter(BackendAdapter):
         missing = self.missing_key_variable()
         if missing:
             return f"misconfigured: environment variable {missing} is not set"
+        # Its calls are made by the I/O workers: with none running, a job would strand.
+        if request.workers.io_consumer_count() == 0:
+            return "no I/O worker consuming the io queues"
         return None
 
     def call(self, job_payload: dict, service_kind: str) -> AdapterResult:

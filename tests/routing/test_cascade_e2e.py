@@ -310,7 +310,7 @@ def test_jobs_stranded_on_a_stopped_local_worker_go_down_the_cascade(
     from django.utils import timezone
 
     from inference.transitions import Outcome
-    from inference.workers.sweeper import rescue_stranded_local_jobs
+    from inference.workers.sweeper import rescue_stranded_jobs
 
     service = make_service("embedding", name="stranded")
     tenant, _ = make_tenant()
@@ -326,9 +326,9 @@ def test_jobs_stranded_on_a_stopped_local_worker_go_down_the_cascade(
     Job.objects.filter(pk=jobs[0].pk).update(claimed_at=timezone.now() - timedelta(seconds=60))
 
     # A worker is consuming: queued jobs are only waiting their turn.
-    assert rescue_stranded_local_jobs(stranded_after_s=0) == 0
+    assert rescue_stranded_jobs(stranded_after_s=0) == 0
     gpu_consumer.detach()  # the GPU worker stops; its unacked message goes back to the queue
-    assert rescue_stranded_local_jobs(stranded_after_s=0) == 3
+    assert rescue_stranded_jobs(stranded_after_s=0) == 3
     # Should the dead worker come back with a result, it is no longer the job's to store.
     late = [Outcome(job=dead.jobs[0], result={"late": True})]
     assert Job.objects.store_outcomes(dead.token, late) == 0
@@ -345,3 +345,38 @@ def test_jobs_stranded_on_a_stopped_local_worker_go_down_the_cascade(
             in JobAttempt.objects.filter(job=done, backend=local).get().error
         )
     assert len(upstream.calls("free")) == 3
+
+
+def test_a_brief_worker_absence_keeps_jobs_local(
+    make_tenant,
+    make_service,
+    make_backend,
+    free_and_paid,
+    make_route,
+    upstream,
+    gpu_consumer,
+    io_workers,
+):
+    """A GPU worker restarting (model load included) must not send its backlog to a paid API:
+    jobs move down the cascade only once the queues have had no consumer for the bound."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from inference.workers.sweeper import rescue_stranded_jobs
+
+    service = make_service("embedding", name="restarting")
+    tenant, _ = make_tenant()
+    local = make_backend("local-restarting", kind="local")
+    free, paid = free_and_paid
+    make_route(service, (local, 0), (free, 1), (paid, 2))
+    gpu_consumer.attach("restarting")
+    jobs = [submit(tenant, "restarting", text=f"t{i}", priority="batch") for i in range(2)]
+    gpu_consumer.detach()
+    later = timezone.now() + timedelta(minutes=5)  # the jobs have waited long enough
+
+    assert rescue_stranded_jobs(later, stranded_after_s=1.5) == 0  # unconsumed for ~0 s
+    assert all(Job.objects.get(pk=j.pk).route.backend == local for j in jobs)
+    time.sleep(1.6)
+    assert rescue_stranded_jobs(later, stranded_after_s=1.5) == 2
+    assert {Job.objects.get(pk=j.pk).route.backend for j in jobs} == {free}

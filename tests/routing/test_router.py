@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass, replace
 from decimal import Decimal
 
 import pytest
 
 from inference.models import Job, JobStatus, Service
-from inference.placement import routing_request
+from inference.placement import ServiceWorkerProbe, routing_request
 from inference.submission import submit_job
 from routing.breaker import CircuitBreaker
 from routing.capacity import record_local_batch
@@ -19,10 +20,29 @@ from routing.router import Router
 pytestmark = pytest.mark.django_db
 
 
-def a_job(service, tenant, tier="api", texts=("hello world",)):
+@dataclass
+class WithIOWorkers:
+    """The real probe of the service's workers, with I/O workers said to be running (these
+    tests decide between backends; the I/O workers' presence is tested end to end)."""
+
+    real: ServiceWorkerProbe
+    io_workers: int = 1
+
+    def local_consumer_count(self) -> int:
+        return self.real.local_consumer_count()
+
+    def io_consumer_count(self) -> int:
+        return self.io_workers
+
+    def predicted_wait(self):
+        return self.real.predicted_wait()
+
+
+def a_job(service, tenant, tier="api", texts=("hello world",), io_workers=1):
     """What the router sees of a job: the lifecycle describes it (inference.placement)."""
     job = Job(service=service, tenant=tenant, tier=tier, input={"texts": list(texts)})
-    return routing_request(job)
+    request = routing_request(job)
+    return replace(request, workers=WithIOWorkers(request.workers, io_workers))
 
 
 def test_weighted_split_90_10_over_1000_decisions(
@@ -107,7 +127,7 @@ def test_context_length_and_capability_are_respected(
 
 
 def test_spill_over_realtime_goes_to_cloud_offline_waits(
-    make_service, make_tenant, make_backend, free_and_paid, make_route, gpu_consumer
+    make_service, make_tenant, make_backend, free_and_paid, make_route, gpu_consumer, io_workers
 ):
     service = make_service("embedding", name="spill", queue_timeout=2, total_timeout=5)
     gpu_consumer.attach("spill")
@@ -172,3 +192,29 @@ def test_with_no_local_worker_every_tier_goes_to_the_cloud_until_one_attaches(
         assert "no worker consuming the noworker queues" in decision.reason
     gpu_consumer.attach("noworker")
     assert route("offline").backend == local
+
+
+def test_cloud_backends_are_skipped_while_no_io_worker_runs(
+    make_service, make_tenant, make_backend, make_route
+):
+    service = make_service("embedding")
+    tenant, _ = make_tenant()
+    free = make_backend("free")
+    paid = make_backend("paid")
+    make_route(service, (free, 0), (paid, 1))
+    decision = Router().choose(a_job(service, tenant, io_workers=0))
+    assert "no I/O worker consuming the io queues" in decision.reason
+
+
+def test_a_cloud_backend_whose_key_is_unset_is_never_chosen(
+    make_service, make_tenant, make_backend, make_route, monkeypatch
+):
+    service = make_service("embedding")
+    tenant, _ = make_tenant()
+    keyless = make_backend("keyless", api_key_env="RENQ_TEST_UNSET_KEY")
+    keyed = make_backend("keyed")
+    make_route(service, (keyless, 0), (keyed, 1))
+    monkeypatch.delenv("RENQ_TEST_UNSET_KEY", raising=False)
+    decision = Router().choose(a_job(service, tenant))
+    assert decision.backend == keyed
+    assert "misconfigured: environment variable RENQ_TEST_UNSET_KEY is not set" in decision.reason
