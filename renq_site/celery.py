@@ -51,3 +51,5 @@ app.conf.update(
     },
 )
 app.autodiscover_tasks()
+# The Batch API's step task lives with the Batch API (inference/batches/tasks.py).
+app.autodiscover_tasks(["inference.batches"])
