@@ -13,6 +13,7 @@ from inference.engines import load_engine
 from inference.kinds import kind_of
 from inference.models import Service
 from inference.queues import served_service_names
+from inference.workers.readiness import mark_process_ready
 from renq_site.celery import app
 
 logger = logging.getLogger(__name__)
@@ -26,6 +27,7 @@ def consumed_service_names() -> set[str]:
 def warm_engines_for_consumed_queues() -> None:
     threads = int(os.environ.get("RENQ_TORCH_THREADS", "0")) or os.cpu_count() or 1
     torch.set_num_threads(threads)
+    failed: list[str] = []
     for service in Service.objects.filter(name__in=consumed_service_names(), active=True):
         logger.info("loading %s model %s", service.kind, service.model_ref)
         try:
@@ -33,3 +35,5 @@ def warm_engines_for_consumed_queues() -> None:
             engine.run_batch([kind_of(service.kind).warmup_payload])
         except Exception:  # a broken model must not stop the worker serving other services
             logger.exception("could not warm %s; its jobs will fail over", service.name)
+            failed.append(service.name)
+    mark_process_ready(failed=failed)  # the readiness probe reads it

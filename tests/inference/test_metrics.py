@@ -124,3 +124,21 @@ def test_metrics_dir_is_multiprocess():
     from prometheus_client import values
 
     assert getattr(values.ValueClass, "_multiprocess", False)
+
+
+def test_the_grafana_dashboard_charts_only_metrics_renq_exports():
+    import json
+    import re
+
+    from tests.conftest import ROOT
+
+    dashboard = json.loads((ROOT / "docker" / "grafana" / "renq-dashboard.json").read_text())
+    exprs = [t["expr"] for panel in dashboard["panels"] for t in panel["targets"]]
+    used = {re.sub(r"_(bucket|sum|count|total)$", "", m) for e in exprs
+            for m in re.findall(r"renq_[a-z0-9_]+", e)}  # fmt: skip
+    exported = {
+        collector._name for collector in vars(metrics).values()
+        if hasattr(collector, "_name") and hasattr(collector, "labels")
+    } | {"renq_queue_depth", "renq_jobs_running", "renq_backend_rate_limit_headroom",
+         "renq_backend_cooldown", "renq_backend_breaker_state"}  # fmt: skip
+    assert used and used <= exported, used - exported

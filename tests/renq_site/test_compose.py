@@ -129,9 +129,10 @@ def test_web_and_every_worker_have_healthchecks():
     for name, args in workers().items():
         worker_name = option(args, "-n").split("@")[0]
         check = " ".join(services[name]["healthcheck"]["test"])
-        assert "celery -A renq_site inspect ping" in check, name
+        # Ready = answers, consumes its queues and its models are loaded (renq_probe).
+        assert "python manage.py renq_probe worker" in check, name
         # $$ is compose's escape for a literal $: the container's shell expands $HOSTNAME.
-        assert f"-d {worker_name}@$$HOSTNAME" in check, name
+        assert f"--name {worker_name}@$$HOSTNAME" in check, name
 
 
 def test_secrets_are_only_references_to_the_environment():

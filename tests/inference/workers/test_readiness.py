@@ -1,0 +1,80 @@
+"""The worker readiness probe (`manage.py renq_probe worker --name …`) against real workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from inference.workers.readiness import probe_worker, ready_file
+from tests.conftest import WorkerProcess
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+
+def probe_until_settled(name: str, timeout_s: float = 90):
+    """Like a healthcheck with retries: Celery says " ready." before its pool processes have
+    loaded their models, and the probe says not ready until they have."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = probe_worker(name, timeout_s=5)
+        if result.ready or "loading" not in result.detail or time.monotonic() > deadline:
+            return result
+        time.sleep(0.5)
+
+
+def test_a_warm_gpu_worker_is_ready_and_names_its_services(make_service, capsys):
+    make_service("embedding", name="probeembed")
+    worker = WorkerProcess(services=("probeembed",), name="probe")
+    name = f"probe@{socket.gethostname()}"
+    try:
+        result = probe_until_settled(name)
+        assert result.ready, result.detail
+        assert "probeembed" in result.detail
+        call_command("renq_probe", "worker", "--name", name)
+        assert "ready:" in capsys.readouterr().out
+    finally:
+        worker.stop()
+
+
+def test_a_worker_whose_model_did_not_load_is_not_ready(make_service):
+    make_service("embedding", name="brokenembed", model_ref="fixtures/models/no-such-model")
+    worker = WorkerProcess(services=("brokenembed",), name="broken")
+    try:
+        result = probe_until_settled(f"broken@{socket.gethostname()}")
+        assert not result.ready
+        assert "could not load the model of brokenembed" in result.detail
+    finally:
+        worker.stop()
+
+
+def test_an_io_worker_needs_no_model(make_service):
+    from inference.queues import io_queues
+
+    worker = WorkerProcess(services=(), name="probeio", extra_queues=tuple(io_queues()),
+                           pool="threads")  # fmt: skip
+    try:
+        result = probe_until_settled(f"probeio@{socket.gethostname()}")
+        assert result.ready, result.detail
+    finally:
+        worker.stop()
+
+
+def test_no_worker_by_that_name_exits_1():
+    with pytest.raises(CommandError, match="did not answer"):
+        call_command("renq_probe", "worker", "--name", "ghost@nowhere", "--timeout", "1")
+
+
+def test_the_ready_file_is_written_atomically(tmp_path, monkeypatch):
+    from inference.workers.readiness import mark_process_ready
+
+    monkeypatch.setenv("RENQ_READY_DIR", str(tmp_path))
+    mark_process_ready(failed=["llm"])
+    state = json.loads(ready_file(os.getpid()).read_text())
+    assert state["failed"] == ["llm"]
+    assert [p.name for p in tmp_path.iterdir()] == [ready_file(state["pid"]).name]
