@@ -18,6 +18,7 @@ from inference.publishing import current_backend
 from inference.submission import submit_job
 
 PRIORITY_HEADER = "X-Renq-Priority"
+DEADLINE_HEADER = "X-Renq-Deadline-Ms"
 
 
 def authenticate(authorization: str) -> Tenant:
@@ -34,7 +35,11 @@ def authenticate(authorization: str) -> Tenant:
 
 
 def submit(
-    authorization: str, endpoint: Endpoint, body: object, priority: str | None
+    authorization: str,
+    endpoint: Endpoint,
+    body: object,
+    priority: str | None,
+    deadline_ms: int | None = None,
 ) -> tuple[Job, JobRequest]:
     """Authenticate, translate and submit: one trip to the database thread per request."""
     tenant = authenticate(authorization)
@@ -45,9 +50,11 @@ def submit(
             service_name=request.service.name,
             payload=request.payload,
             priority=priority,
+            deadline_ms=deadline_ms,
         )
     except InputError as exc:
-        raise from_input_error(exc, {**endpoint.field_names, "priority": PRIORITY_HEADER}) from exc
+        headers = {"priority": PRIORITY_HEADER, "deadline_ms": DEADLINE_HEADER}
+        raise from_input_error(exc, {**endpoint.field_names, **headers}) from exc
     except AdmissionRefused as exc:
         raise from_admission_refused(exc) from exc
     return job, request

@@ -30,9 +30,7 @@ from inference.waiting import wait_for_final_job
 
 logger = logging.getLogger(__name__)
 
-DEADLINE_HEADER = "X-Renq-Deadline-Ms"
-# A deadline longer than a day is a mistake, not a deadline.
-MAX_DEADLINE_MS = 24 * 3600 * 1000
+DEADLINE_HEADER = jobs.DEADLINE_HEADER
 # The worker's own verdict on a job due at the deadline (its result, or "expired") is stored
 # a little after it; wait that much longer so the client gets the verdict, not a 504.
 VERDICT_GRACE_S = 0.25
@@ -103,26 +101,23 @@ def requested_priority(request: HttpRequest) -> str | None:
     return priority or None
 
 
-def requested_deadline_s(request: HttpRequest) -> float | None:
+def requested_deadline_ms(request: HttpRequest) -> int | None:
+    """The header as an integer; submit_job checks its range and stores it on the job."""
     value = request.headers.get(DEADLINE_HEADER)
     if value is None:
         return None
     try:
-        deadline_ms = int(value)
+        return int(value)
     except ValueError:
-        deadline_ms = 0
-    if not 1 <= deadline_ms <= MAX_DEADLINE_MS:
         raise bad_request(
-            f"{DEADLINE_HEADER} must be an integer from 1 to {MAX_DEADLINE_MS} (milliseconds).",
-            DEADLINE_HEADER,
-        )
-    return deadline_ms / 1000
+            f"{DEADLINE_HEADER} must be an integer number of milliseconds.", DEADLINE_HEADER
+        ) from None
 
 
 async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
     """Submit the request as a job, wait for it, answer as OpenAI would."""
     priority = requested_priority(request)
-    deadline_s = requested_deadline_s(request)
+    deadline_ms = requested_deadline_ms(request)
     body = json_body(request)
     if isinstance(body, dict) and body.get("stream"):
         raise bad_request(
@@ -131,8 +126,9 @@ async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpRespo
             code="stream_not_supported",
         )
     job, job_request = await in_db_thread(
-        jobs.submit, authorization(request), endpoint, body, priority
+        jobs.submit, authorization(request), endpoint, body, priority, deadline_ms
     )
+    deadline_s = deadline_ms / 1000 if deadline_ms is not None else None
     timeout_s = deadline_s if deadline_s is not None else job_request.service.total_timeout
     final = await wait_for_final_job(
         job.pk,
