@@ -5,14 +5,14 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 
-from inference.models import ApiKey, Job, JobStatus, Service, Tenant
-from inference.submission import cancel_job
+from inference.models import ApiKey, AuditEvent, Job, JobStatus, Service, Tenant
+from inference.submission import cancel_job, requeue_dead_lettered
 
 
 class ApiKeyInline(admin.TabularInline):
     model = ApiKey
     extra = 0
-    fields = ("label", "prefix", "revoked", "created_at")
+    fields = ("label", "prefix", "revoked", "expires_at", "created_at")
     readonly_fields = ("prefix", "created_at")
 
 
@@ -77,6 +77,21 @@ class ServiceAdmin(admin.ModelAdmin):
     list_filter = ("kind", "active")
 
 
+class DeadLetteredFilter(admin.SimpleListFilter):
+    title = "dead-lettered"
+    parameter_name = "dead_lettered"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "Dead-lettered"), ("no", "Not dead-lettered")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(dead_lettered_at__isnull=False)
+        if self.value() == "no":
+            return queryset.filter(dead_lettered_at__isnull=True)
+        return queryset
+
+
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = (
@@ -91,11 +106,11 @@ class JobAdmin(admin.ModelAdmin):
         "batch_size",
         "attempts",
     )
-    list_filter = ("status", "tier", "service", "tenant")
+    list_filter = ("status", DeadLetteredFilter, "tier", "service", "tenant")
     search_fields = ("id",)
     date_hierarchy = "created_at"
     readonly_fields = [f.name for f in Job._meta.fields]
-    actions = ["cancel_jobs"]
+    actions = ["cancel_jobs", "requeue_dead_lettered"]
     list_select_related = ("tenant", "service")
 
     def has_add_permission(self, request) -> bool:
@@ -109,8 +124,35 @@ class JobAdmin(admin.ModelAdmin):
 
     @admin.action(description="Cancel selected queued jobs")
     def cancel_jobs(self, request, queryset):
-        cancelled = sum(cancel_job(job) for job in queryset.filter(status=JobStatus.QUEUED))
+        actor = f"admin:{request.user}"
+        cancelled = sum(
+            cancel_job(job, actor=actor) for job in queryset.filter(status=JobStatus.QUEUED)
+        )
         self.message_user(request, f"Cancelled {cancelled} job(s).")
+
+    @admin.action(description="Requeue selected dead-lettered jobs")
+    def requeue_dead_lettered(self, request, queryset):
+        revived = requeue_dead_lettered(queryset, actor=f"admin:{request.user}")
+        self.message_user(request, f"Requeued {revived} dead-lettered job(s).")
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    """The audit trail, read-only: rows are only ever appended."""
+
+    list_display = ("at", "kind", "tenant_id", "job_id", "actor")
+    list_filter = ("kind",)
+    search_fields = ("job_id", "actor")
+    date_hierarchy = "at"
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
 
 
 # --- The Batch API (inference.batches) ---------------------------------------------------------

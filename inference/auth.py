@@ -1,10 +1,31 @@
-"""`Authorization: Bearer <api key>` for the REST API."""
+"""`Authorization: Bearer <api key>` for the REST API.
+
+Keys are stored as SHA-256 digests (a unique index makes every request one lookup), compared
+in constant time, revocable and expiring. Failed attempts are counted per client address in
+Redis: past `MAX_FAILED_AUTH_PER_MINUTE` the address gets 429 until the minute ends, so keys
+cannot be guessed at speed.
+"""
 
 from __future__ import annotations
 
+import hmac
+import time
+
+from django.utils import timezone
 from rest_framework import authentication, exceptions
 
 from inference.models import ApiKey
+from renq_site.shared_redis import shared_redis
+
+MAX_FAILED_AUTH_PER_MINUTE = 30
+
+
+def _client_address(request) -> str:
+    return request.META.get("REMOTE_ADDR", "") or "unknown"
+
+
+def _failures_key(request) -> str:
+    return f"renq:authfail:{_client_address(request)}:{int(time.time() // 60)}"
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):
@@ -19,9 +40,24 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(
                 "Authorization header must be 'Bearer <api key>'."
             )
-        api_key = ApiKey.objects.authenticate(key.strip())
-        if api_key is None:
-            raise exceptions.AuthenticationFailed("Invalid or revoked API key.")
+        failures_key = _failures_key(request)
+        failures = shared_redis().get(failures_key)
+        if failures is not None and int(failures) >= MAX_FAILED_AUTH_PER_MINUTE:
+            raise exceptions.Throttled(
+                wait=60 - time.time() % 60, detail="Too many failed authentications."
+            )
+        plaintext = key.strip()
+        api_key = ApiKey.objects.authenticate(plaintext)
+        if (
+            api_key is None
+            or not hmac.compare_digest(api_key.hashed_key, ApiKey.hash(plaintext))
+            or (api_key.expires_at is not None and api_key.expires_at <= timezone.now())
+        ):
+            pipe = shared_redis().pipeline()
+            pipe.incr(failures_key)
+            pipe.expire(failures_key, 120)
+            pipe.execute()
+            raise exceptions.AuthenticationFailed("Invalid, revoked or expired API key.")
         return api_key.tenant, api_key
 
     def authenticate_header(self, request) -> str:

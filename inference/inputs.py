@@ -130,3 +130,25 @@ def validate_llm(payload: Any, *, max_items: int, field: str = "input") -> dict:
     if not 0.0 <= float(temperature) <= 2.0:
         raise InputError(f"{field}.temperature", "must be a number from 0 to 2.")
     return {"prompt": prompt, "max_tokens": max_tokens, "temperature": float(temperature)}
+
+
+MAX_NOOP_SLEEP_MS = 60_000
+
+
+def validate_noop(payload: Any, *, max_items: int, field: str = "input") -> dict:
+    payload = _require_dict(payload, field)
+    _reject_unknown(payload, {"texts", "sleep_ms"}, field)
+    texts = _string_list(
+        payload.get("texts"), f"{field}.texts", max_items=max_items, max_chars=MAX_TEXT_CHARS
+    )
+    clean: dict[str, Any] = {"texts": texts}
+    sleep_ms = payload.get("sleep_ms", 0)
+    if (
+        isinstance(sleep_ms, bool)
+        or not isinstance(sleep_ms, int | float)
+        or not 0 <= sleep_ms <= MAX_NOOP_SLEEP_MS
+    ):
+        raise InputError(f"{field}.sleep_ms", f"must be a number from 0 to {MAX_NOOP_SLEEP_MS}.")
+    if sleep_ms:
+        clean["sleep_ms"] = sleep_ms
+    return clean

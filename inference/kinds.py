@@ -19,6 +19,7 @@ from inference.inputs import (
     DEFAULT_MAX_TOKENS,
     validate_embedding,
     validate_llm,
+    validate_noop,
     validate_reranker,
 )
 
@@ -135,6 +136,18 @@ KINDS: dict[str, ServiceKindSpec] = {
         bulk_merge=_merge_completions,
         estimate_tokens=_estimate_llm,
         one_item_per_piece=True,
+    ),
+    # Benchmarks and tests only: the stack's own cost, no model (inference.engines.noop).
+    "noop": ServiceKindSpec(
+        name="noop",
+        validate=validate_noop,
+        engine_path="inference.engines.noop.NoopEngine",
+        warmup_payload={"texts": ["warm up"]},
+        bulk_items_field="texts",
+        bulk_piece=lambda bulk, chunk: {k: v for k, v in bulk.items() if k != "texts"}
+        | {"texts": chunk},
+        bulk_merge=lambda bulk_input, results: {"count": sum(r["count"] for r in results)},
+        estimate_tokens=_estimate_embedding,
     ),
 }
 

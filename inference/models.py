@@ -97,6 +97,7 @@ class ServiceKind(models.TextChoices):
     EMBEDDING = "embedding", "Embedding"
     RERANKER = "reranker", "Reranker"
     LLM = "llm", "LLM"
+    NOOP = "noop", "No-op (benchmarks and tests only)"
 
 
 class Service(models.Model):

