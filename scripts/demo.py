@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -117,6 +118,7 @@ def main() -> int:
 
 
 def run_demo() -> int:
+    from inference.models import Service
     from inference.queues import io_queues, service_queues
     from renq_site.celery import app
 
@@ -130,6 +132,10 @@ def run_demo() -> int:
         "RENQ_SWEEP_INTERVAL_S": "2",
     }
     os.environ.update(env)
+    # Metrics of this run only: every process writes under PROMETHEUS_MULTIPROC_DIR.
+    metrics_dir = Path(os.environ["PROMETHEUS_MULTIPROC_DIR"])
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(parents=True)
     with ProcessGroup(env) as procs:
         print("starting web, workers, Flower and the fake cloud APIs (logs in .run/) ...")
         procs.upstream(upstream_port)
@@ -141,15 +147,21 @@ def run_demo() -> int:
             stdout=subprocess.DEVNULL,
         )
         url = procs.web(free_port())
-        procs.worker("embedding-gpu", service_queues("embedding"))
-        small_models = service_queues("reranker") + service_queues("llm")
-        control = app.conf.task_default_queue
-        procs.worker("small-models", small_models + [control], beat=True)
+        # worker_count GPU worker processes per service (config.yaml), one model copy each;
+        # capped by RENQ_DEMO_MAX_WORKERS (default: the CPU count) on a small machine.
+        cap = int(os.environ.get("RENQ_DEMO_MAX_WORKERS") or os.cpu_count() or 1)
+        for service in Service.objects.filter(active=True).order_by("name"):
+            count = min(service.worker_count, cap)
+            print(f"  {service.name}: {count} worker(s) (worker_count {service.worker_count})")
+            for i in range(count):
+                procs.worker(f"{service.name}-gpu{i}", service_queues(service.name), threads=1)
+        procs.worker("control", [app.conf.task_default_queue], beat=True)
         procs.worker("io", io_queues(), concurrency=32, extra=["--pool", "threads"])
         # Flower's pages and API show every task's arguments: never without a login.
         flower_auth = os.environ.get("FLOWER_BASIC_AUTH") or f"renq:{secrets.token_urlsafe(12)}"
         flower = procs.flower(free_port(), flower_auth)
         print(f"web {url}   flower {flower}   admin {url}/admin/   docs {url}/api/docs/")
+        print(f"metrics {url}/metrics")
         print(f"flower login (FLOWER_BASIC_AUTH): {flower_auth}")
 
         session = requests.Session()
@@ -158,8 +170,13 @@ def run_demo() -> int:
         submitted = submit_all(session, url, first_half())
         print(f"submitted {len(submitted)} jobs in {time.time() - started:.2f}s")
         time.sleep(2.0)
-        procs.kill("embedding-gpu")
-        print("killed the embedding GPU worker (SIGKILL): local-embedding is down")
+        embedding_workers = [name for name in procs.procs if name.startswith("embedding-gpu")]
+        for name in embedding_workers:
+            procs.kill(name)
+        print(
+            f"killed the {len(embedding_workers)} embedding GPU worker(s) (SIGKILL): "
+            "local-embedding is down"
+        )
         second = submit_all(session, url, second_half())
         submitted += second
         print(f"submitted {len(second)} more jobs; waiting for every job to finish ...")
