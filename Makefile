@@ -65,7 +65,8 @@ lint: venv
 
 # Long-running processes, for use by hand (the demo starts and stops its own).
 web: setup
-	$(VENV)/bin/gunicorn renq_site.wsgi -b 127.0.0.1:8000 -w 2
+	# ASGI (uvicorn workers): /v1/ requests wait for their jobs without holding a thread each.
+	$(VENV)/bin/gunicorn renq_site.asgi:application -k uvicorn_worker.UvicornWorker -b 127.0.0.1:8000 -w 2
 worker: setup
 	$(VENV)/bin/celery -A renq_site worker -l info --concurrency 1 \
 	  -Q embedding.realtime,embedding.api,embedding.batch,embedding.offline,embedding.bulk

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
@@ -40,6 +41,10 @@ SAFETY_RECHECK_S = 5.0
 # Bound the wait for Redis to confirm a subscription; past it the waiter still works, by
 # re-reading the job on the safety interval.
 SUBSCRIBE_CONFIRM_TIMEOUT_S = 2.0
+# Each waiting request holds one pooled Redis connection for its subscription. Past this many
+# per process a waiter queues for a connection (up to SUBSCRIBE_CONFIRM_TIMEOUT_S), then falls
+# back to the safety re-read. Redis serves 10,000 clients by default, for every process.
+MAX_SUBSCRIPTIONS = int(os.environ.get("RENQ_FRONT_DOOR_MAX_SUBSCRIPTIONS", "4000"))
 
 T = TypeVar("T")
 
@@ -74,7 +79,12 @@ def _async_redis() -> redis.asyncio.Redis:
     if client is None:
         for stale in [other for other in _async_clients if other.is_closed()]:
             del _async_clients[stale]
-        client = redis.asyncio.Redis.from_url(settings.RENQ_REDIS_URL)
+        pool = redis.asyncio.BlockingConnectionPool.from_url(
+            settings.RENQ_REDIS_URL,
+            max_connections=MAX_SUBSCRIPTIONS,
+            timeout=SUBSCRIBE_CONFIRM_TIMEOUT_S,
+        )
+        client = redis.asyncio.Redis(connection_pool=pool)
         _async_clients[loop] = client
     return client
 
@@ -93,16 +103,16 @@ async def wait_for_final_job(
     spurious: it is only a hint to look) and once per SAFETY_RECHECK_S.
     """
     deadline = time.monotonic() + timeout_s
-    pubsub = None
+    pubsub = _async_redis().pubsub()
+    subscribed = False
     try:
         try:
-            pubsub = _async_redis().pubsub()
             await pubsub.subscribe(job_channel(job_id))
             # The first message on a fresh subscription is Redis's confirmation.
             await pubsub.get_message(timeout=SUBSCRIBE_CONFIRM_TIMEOUT_S)
-        except (redis.RedisError, OSError):
-            logger.warning("no Redis subscription for job %s; re-reading instead", job_id)
-            pubsub = None
+            subscribed = True
+        except (redis.RedisError, OSError) as exc:
+            logger.warning("no Redis subscription for job %s (%s); re-reading instead", job_id, exc)
         while True:
             job = await read_final_job()
             if job is not None:
@@ -110,13 +120,12 @@ async def wait_for_final_job(
             left_s = deadline - time.monotonic()
             if left_s <= 0:
                 return None
-            await _next_hint(pubsub, min(left_s, SAFETY_RECHECK_S))
+            await _next_hint(pubsub if subscribed else None, min(left_s, SAFETY_RECHECK_S))
     finally:
-        if pubsub is not None:
-            try:
-                await pubsub.aclose()  # unsubscribes and gives the connection back to the pool
-            except (redis.RedisError, OSError):
-                pass
+        try:
+            await pubsub.aclose()  # unsubscribes and gives the connection back to the pool
+        except (redis.RedisError, OSError):
+            pass
 
 
 async def _next_hint(pubsub: redis.asyncio.client.PubSub | None, timeout_s: float) -> None:

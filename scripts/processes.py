@@ -48,13 +48,15 @@ class ProcessGroup:
             "web",
             [
                 str(VENV_BIN / "gunicorn"),
-                "renq_site.wsgi",
+                # ASGI: the /v1/ front door waits for jobs without a thread per request; the
+                # REST API's sync views run on a thread per request as under WSGI.
+                "renq_site.asgi:application",
+                "-k",
+                "uvicorn_worker.UvicornWorker",
                 "-b",
                 f"127.0.0.1:{port}",
                 "-w",
                 str(workers),
-                "--threads",
-                "4",
                 "--access-logfile",
                 "-",
             ],
