@@ -66,6 +66,12 @@ def services(make_service):
 
 
 @pytest.fixture
+def unserved(make_service) -> str:
+    """An embedding service no worker consumes: its jobs stay queued."""
+    return make_service("embedding", name="unserved-embedding").name
+
+
+@pytest.fixture
 def tenant_key(make_tenant) -> str:
     return make_tenant("oai-tenant")[1]
 

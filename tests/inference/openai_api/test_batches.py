@@ -127,14 +127,14 @@ def test_malformed_file_fails_the_batch_naming_the_lines(control_worker, client)
     }
 
 
-def test_cancel_keeps_what_finished(control_worker, client):
-    # No GPU worker: the lines stay queued, so cancelling catches all of them.
+def test_cancel_keeps_what_finished(control_worker, client, unserved):
+    # No worker serves the model: the lines stay queued, so cancelling catches all of them.
     lines = [
         {
             "custom_id": f"r{i}",
             "method": "POST",
             "url": "/v1/embeddings",
-            "body": {"model": "embedding", "input": f"text {i}"},
+            "body": {"model": unserved, "input": f"text {i}"},
         }
         for i in range(5)
     ]

@@ -6,7 +6,7 @@ import openai
 import pytest
 import requests
 
-from inference.models import Job, JobStatus
+from inference.models import Job, JobStatus, Service
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,16 +90,15 @@ def test_malformed_json_and_bad_headers_are_400(front_door_url, tenant_key, serv
         assert response.json()["error"]["param"] == next(iter(header))
 
 
-def test_rate_limit_is_429_with_retry_after(client, services):
-    services["embedding"].rate_limit = 1
-    services["embedding"].save()
+def test_rate_limit_is_429_with_retry_after(client, unserved):
+    Service.objects.filter(name=unserved).update(rate_limit=1)
     refused = []
     # No worker here: admitted requests time out (~0.25 s each), so three requests span at
     # most two seconds and two of them share one: at least one is over 1 job/s.
     for _ in range(3):
         try:
             client.embeddings.create(
-                model="embedding", input="hi", extra_headers={"X-Renq-Deadline-Ms": "1"}
+                model=unserved, input="hi", extra_headers={"X-Renq-Deadline-Ms": "1"}
             )
         except openai.RateLimitError as exc:
             refused.append(exc)
@@ -110,11 +109,11 @@ def test_rate_limit_is_429_with_retry_after(client, services):
     assert int(refused[0].response.headers["Retry-After"]) >= 1
 
 
-def test_no_result_by_the_deadline_is_504_with_the_job_id(client):
-    # No GPU worker consumes the queue in this test: the job cannot finish.
+def test_no_result_by_the_deadline_is_504_with_the_job_id(client, unserved):
+    # No GPU worker consumes this service's queues: the job cannot finish.
     with pytest.raises(openai.APIStatusError) as caught:
         client.embeddings.create(
-            model="embedding", input="hi", extra_headers={"X-Renq-Deadline-Ms": "300"}
+            model=unserved, input="hi", extra_headers={"X-Renq-Deadline-Ms": "300"}
         )
     assert_openai_shape(caught.value, 504, "job_timeout")
     job_id = caught.value.response.headers["X-Renq-Job-Id"]
