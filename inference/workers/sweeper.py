@@ -17,7 +17,6 @@ from django.utils import timezone
 
 from inference import queues
 from inference.batches.tasks import restart_stalled_batches
-from inference.batches.tasks import restart_stalled_batches
 from inference.bulk import finish_stalled_bulks
 from inference.models import Job, JobStatus, Service
 from inference.placement import hand_on
@@ -202,6 +201,5 @@ def sweep_jobs() -> dict:
         "recovered": recover_stale_claims(),
         "expired": expire_overdue(),
         "bulks_finished": finish_stalled_bulks(),
-        "batches_restarted": restart_stalled_batches(),  # the Batch API (inference.batches)
         "batches_restarted": restart_stalled_batches(),  # the Batch API (inference.batches)
     }
