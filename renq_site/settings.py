@@ -142,9 +142,16 @@ RENQ_STRANDED_AFTER_S = float(os.environ.get("RENQ_STRANDED_AFTER_S", "30"))
 # Seconds between sweeps (outbox, lost messages, dead claims, stranded jobs, expiry).
 RENQ_SWEEP_INTERVAL_S = float(os.environ.get("RENQ_SWEEP_INTERVAL_S", "10"))
 
+# json: JSON lines with job id, tenant, tier and backend where the log call passed them
+# (renq_site.log_format); Celery workers get the same formatter.
+RENQ_LOG_FORMAT = os.environ.get("RENQ_LOG_FORMAT", "plain").strip().lower()
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {"json": {"()": "renq_site.log_format.JsonFormatter"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler"}
+        | ({"formatter": "json"} if RENQ_LOG_FORMAT == "json" else {})
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("RENQ_LOG_LEVEL", "INFO")},
 }

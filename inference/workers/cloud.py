@@ -7,9 +7,12 @@ cascade.
 
 from __future__ import annotations
 
+import logging
+
 from django.utils import timezone
 
 from inference.kinds import kind_of
+from inference.log_fields import job_fields
 from inference.models import Job
 from inference.placement import hand_on
 from inference.transitions import Outcome
@@ -18,6 +21,8 @@ from routing.attempts import AttemptOutcome, AttemptRecord, record_attempt
 from routing.backends.base import BackendError
 from routing.calls import GuardedCaller
 from routing.models import Backend
+
+logger = logging.getLogger(__name__)
 
 
 def run_cloud_attempt(job_id: str, backend_id: int, *, redelivered: bool = False) -> dict:
@@ -39,6 +44,7 @@ def run_cloud_attempt(job_id: str, backend_id: int, *, redelivered: bool = False
             tokens=sum(kind_of(kind).estimate_tokens(job.input)),
         )
     except BackendError as exc:
+        logger.info("attempt failed: %s", exc.message, extra=job_fields(job, backend=backend.name))
         record_attempt(
             AttemptRecord(
                 job_id=job.pk,

@@ -19,6 +19,7 @@ from inference import metrics
 from inference.batching import BatchItem, BatchWindow
 from inference.engines import load_engine
 from inference.kinds import kind_of
+from inference.log_fields import job_fields
 from inference.models import Job
 from inference.placement import fail_over_local_error, settle_local_outcomes
 from inference.publishing import dead_letter
@@ -220,7 +221,7 @@ class BatchRunner:
             results = engine.run_batch([engine_payload(job) for job in jobs])
         except Exception as exc:
             if len(jobs) == 1:
-                logger.exception("job %s failed", jobs[0].pk)
+                logger.exception("job %s failed", jobs[0].pk, extra=job_fields(jobs[0]))
                 # Alone, it still fails: its input is the cause. A verdict, not a crash.
                 return [
                     Outcome(
@@ -231,7 +232,7 @@ class BatchRunner:
                     )
                 ]
             # One bad input must not fail its neighbours: run each alone to find it.
-            logger.exception("batch of %d failed; isolating", len(jobs))
+            logger.exception("batch of %d failed; isolating", len(jobs), extra=job_fields(jobs[0]))
             return [
                 outcome
                 for job, n in zip(jobs, tokens, strict=True)
