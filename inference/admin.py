@@ -102,20 +102,38 @@ class JobAdmin(admin.ModelAdmin):
         "status",
         "created_at",
         "queue_wait",
-        "inference_ms",
+        "inference_time",
         "batch_size",
+        "backend",
         "attempts",
     )
-    list_filter = ("status", DeadLetteredFilter, "tier", "service", "tenant")
+    list_filter = (
+        "status",
+        DeadLetteredFilter,
+        "tier",
+        "service",
+        "tenant",
+        ("route__backend", admin.RelatedOnlyFieldListFilter),
+    )
     search_fields = ("id",)
     date_hierarchy = "created_at"
     readonly_fields = [f.name for f in Job._meta.fields]
     actions = ["cancel_jobs", "requeue_dead_lettered"]
-    list_select_related = ("tenant", "service")
+    # The backend shown per row comes with the page's one query (JobRoute is one-to-one).
+    list_select_related = ("tenant", "service", "route__backend")
 
     def has_add_permission(self, request) -> bool:
         # Jobs enter through the submit service only (validation, admission, publishing).
         return False
+
+    @admin.display(description="inference (ms)", ordering="inference_ms")
+    def inference_time(self, job: Job):
+        return None if job.inference_ms is None else round(job.inference_ms, 1)
+
+    @admin.display(description="backend", ordering="route__backend__name")
+    def backend(self, job: Job) -> str:
+        route = getattr(job, "route", None)
+        return route.backend.name if route else "local (no route)"
 
     @admin.display(description="queue wait (ms)")
     def queue_wait(self, job: Job):
