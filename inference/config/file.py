@@ -392,8 +392,9 @@ class _Validator:
                     continue
                 if isinstance(value, bool) or not isinstance(value, int | float):
                     self.add(f"{path}.{key}", f"expected a number, got {value!r}")
-                elif value < 0 or (key != "aging_after_s" and value == 0):
-                    bound = "≥ 0" if key == "aging_after_s" else "> 0"
+                elif value < 0 or (key == "target_wait_s" and value == 0):
+                    # weight 0: a tier outside the weighted share (realtime is served strictly)
+                    bound = "> 0" if key == "target_wait_s" else "≥ 0"
                     self.add(f"{path}.{key}", f"expected a number {bound}, got {value!r}")
 
 

@@ -66,7 +66,9 @@ def test_fixture_loads_every_section(monkeypatch):
     assert embedding.model_spec_link.model.name == "minilm-l6"
     assert Service.objects.get(name="llm").rate_limit == 10
     assert Backend.objects.get(name="free-cloud").base_url == "http://127.0.0.1:9999/free/v1"
-    assert tier_policy("batch").aging_after_s == 5.0 and tier_policy("batch").weight == 2.0
+    batch = yaml.safe_load(CONFIG.read_text())["tiers"]["batch"]
+    assert tier_policy("batch").aging_after_s == batch["aging_after_s"]
+    assert tier_policy("batch").weight == batch["weight"]
     assert tier_policy("offline").target_wait_s == 21600.0
     assert tier_policy("realtime").target_wait_s is None
 
@@ -182,7 +184,8 @@ services:
             2,
             "expected a number",
         ),
-        ("tiers:\n  batch: {weight: 0}\n", "tiers.batch.weight", 2, "> 0"),
+        ("tiers:\n  batch: {weight: -1}\n", "tiers.batch.weight", 2, "≥ 0"),
+        ("tiers:\n  batch: {target_wait_s: 0}\n", "tiers.batch.target_wait_s", 2, "> 0"),
         (
             "backends:\n  b: {kind: openai, service_kinds: [llm], rpm_limit: many}\n",
             "backends.b.rpm_limit",
