@@ -2,7 +2,10 @@
 
 A window closes at `max_jobs`, at `max_tokens`, or `timeout_s` after its first job *arrived*
 (its submission time, not when the previous batch finished: ray#36510, torchserve#2478), and at
-once when it holds a realtime job, which never waits for company.
+once when it holds a realtime job, which never waits for company. A window of non-realtime work
+also closes before its predicted run time (`predict_s(tokens)`, the service's cost model)
+would exceed `max_run_s`, the preemption budget: a realtime job arriving at any moment then
+waits for one bounded batch at most.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ class BatchWindow(Generic[T]):
     timeout_s: float
     max_tokens: int
     clock: Callable[[], float] = time.time
+    # Bounded preemption: the most a non-realtime batch may be predicted to run.
+    max_run_s: float | None = None
+    predict_s: Callable[[int], float] | None = None
     items: list[BatchItem[T]] = field(default_factory=list)
     deadline: float | None = None
     tokens: int = 0
@@ -45,7 +51,9 @@ class BatchWindow(Generic[T]):
         """Add `item` if it fits. A job larger than the whole token budget is still taken when
         the window is empty: it runs alone rather than never (TEI#723)."""
         if self.items and (
-            len(self.items) >= self.max_jobs or self.tokens + item.tokens > self.max_tokens
+            len(self.items) >= self.max_jobs
+            or self.tokens + item.tokens > self.max_tokens
+            or self._over_run_budget(self.tokens + item.tokens, item)
         ):
             self.full = True
             return False
@@ -57,6 +65,13 @@ class BatchWindow(Generic[T]):
         if len(self.items) >= self.max_jobs or self.tokens >= self.max_tokens:
             self.full = True
         return True
+
+    def _over_run_budget(self, tokens: int, item: BatchItem[T]) -> bool:
+        if self.max_run_s is None or self.predict_s is None:
+            return False
+        if item.realtime and self.has_realtime:
+            return False  # realtime company is what a realtime batch is for
+        return self.predict_s(tokens) > self.max_run_s
 
     @property
     def has_realtime(self) -> bool:

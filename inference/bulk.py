@@ -90,7 +90,8 @@ def submit_bulk(
     running-jobs quota, with all its tokens against the monthly budget. Its pieces wait on the
     bulk queue, not in the tier queues, so they never fill max_queue_size for others."""
     service = resolve_service(service_name)
-    tier = resolve_tier(priority if priority else Tier.BATCH, tenant)
+    # Only null or "" mean the default (batch): any other value, `{}` or `0` too, is checked.
+    tier = resolve_tier(Tier.BATCH if priority is None or priority == "" else priority, tenant)
     if tier not in BULK_TIERS:
         raise InputError("priority", "bulk jobs run at batch or offline priority.")
     piece_inputs = split_bulk(service, payload)
@@ -106,6 +107,7 @@ def submit_bulk(
 
 
 def _store_bulk(tenant, service, tier, payload, piece_inputs, actor: str) -> Job:
+    now = timezone.now()  # created and started at once: no negative queue_wait_ms
     with transaction.atomic():
         parent = Job.objects.create(
             tenant=tenant,
@@ -115,7 +117,8 @@ def _store_bulk(tenant, service, tier, payload, piece_inputs, actor: str) -> Job
             input=payload,
             is_bulk=True,
             status=JobStatus.RUNNING,
-            started_at=timezone.now(),
+            created_at=now,
+            started_at=now,
         )
         pieces = Job.objects.bulk_create(
             Job(

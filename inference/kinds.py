@@ -144,8 +144,9 @@ KINDS: dict[str, ServiceKindSpec] = {
         engine_path="inference.engines.noop.NoopEngine",
         warmup_payload={"texts": ["warm up"]},
         bulk_items_field="texts",
-        bulk_piece=lambda bulk, chunk: {k: v for k, v in bulk.items() if k != "texts"}
-        | {"texts": chunk},
+        bulk_piece=lambda bulk, chunk: (
+            {k: v for k, v in bulk.items() if k != "texts"} | {"texts": chunk}
+        ),
         bulk_merge=lambda bulk_input, results: {"count": sum(r["count"] for r in results)},
         estimate_tokens=_estimate_embedding,
     ),

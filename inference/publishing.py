@@ -63,17 +63,19 @@ def destination(job: Job) -> Destination:
             RUN_JOB_TASK, (str(job.pk),), queues.bulk_queue(job.service.name), job.message_priority
         )
     backend = current_backend(job)
+    # The tier queue it waits in: its own, or the one aging promoted it to.
+    tier = job.serving_tier or job.tier
     if backend is not None and backend.adapter().placement is Placement.IO_WORKERS:
         return Destination(
             CALL_BACKEND_TASK,
             (str(job.pk), backend.pk),
-            queues.io_queue(job.tier),
+            queues.io_queue(tier),
             job.message_priority,
         )
     return Destination(
         RUN_JOB_TASK,
         (str(job.pk),),
-        queues.tier_queue(job.service.name, job.tier),
+        queues.tier_queue(job.service.name, tier),
         job.message_priority,
     )
 

@@ -24,7 +24,7 @@ from inference.admission import (
     reserve_counters,
 )
 from inference.audit import record_event, record_receipts
-from inference.inputs import InputError
+from inference.inputs import InputError, check_storable_text
 from inference.kinds import kind_of, validate_input
 from inference.models import Job, JobStatus, Service, Tenant
 from inference.placement import route_on_submit
@@ -43,6 +43,8 @@ MAX_JOBS_PER_REQUEST = 1000
 def resolve_service(name: Any) -> Service:
     if not isinstance(name, str) or not name:
         raise InputError("service", "is required and must be a service name.")
+    # A NUL or a lone surrogate cannot even be sent to PostgreSQL in a query (a 500 otherwise).
+    check_storable_text(name, "service")
     try:
         return Service.objects.get(name=name, active=True)
     except Service.DoesNotExist:

@@ -20,10 +20,11 @@ from celery.signals import worker_process_init, worker_process_shutdown
 from django.db import DatabaseError, close_old_connections
 
 from inference.bulk import fail_bulk, finish_bulk, retry_failed_piece
+from inference.config.tiers import tier_policies
 from inference.tiers import Tier
 from inference.workers.cloud import run_cloud_attempt
 from inference.workers.gpu import BatchRunner
-from inference.workers.sweeper import sweep_jobs
+from inference.workers.sweeper import expire_overdue, sweep_jobs
 from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool
 from inference.workers.warmup import warm_engines_for_consumed_queues
 from renq_site.celery import app
@@ -42,7 +43,15 @@ INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
 # Pause before handing the message back, so an outage is not a hot redelivery loop.
 INFRASTRUCTURE_BACKOFF_S = 1.0
 
-_readers = ReaderPool(app.connection_for_read, lambda name: app.amqp.queues[name])
+
+def _tier_weights() -> dict[str, float]:
+    """config.yaml `tiers:` weights, read when a reader (re)opens."""
+    return {tier: policy.weight for tier, policy in tier_policies().items()}
+
+
+_readers = ReaderPool(
+    app.connection_for_read, lambda name: app.amqp.queues[name], weights=_tier_weights
+)
 _runner = BatchRunner(_readers)
 
 
@@ -93,6 +102,11 @@ def fail_bulk_task(parent_id: str) -> None:
 @shared_task(name="inference.sweep")
 def sweep() -> dict:
     return sweep_jobs()
+
+
+@shared_task(name="inference.expire")
+def expire() -> int:
+    return expire_overdue()
 
 
 @worker_process_init.connect

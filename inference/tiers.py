@@ -36,13 +36,14 @@ class Plan(models.TextChoices):
 PLAN_BOOST: dict[str, int] = {Plan.ENTERPRISE: 3, Plan.PRO: 2, Plan.FREE: 1}
 
 
-# Aging: how long a tier may go unserved while it has work before a worker serves it first.
-# Every waiting job ages at the same rate, so "serve a starving tier at least once per interval"
-# bounds the wait of the lowest tier without re-publishing messages (RabbitMQ priorities are
-# fixed once queued).
+# Aging: a job that has waited this long in its tier's queue is promoted one tier up (and again
+# after the next tier's threshold), for every worker at once (the sweep re-publishes it; the
+# claim makes the stale copy harmless). Realtime is the top: nothing to promote to.
 AGING_INTERVAL_S: dict[str, float] = {
     Tier.REALTIME: 0.0,
-    Tier.API: 0.5,
-    Tier.BATCH: 5.0,
-    Tier.OFFLINE: 30.0,
+    Tier.API: 10.0,
+    Tier.BATCH: 30.0,
+    Tier.OFFLINE: 60.0,
 }
+# Aging stops below realtime: P0 stays strict, for jobs submitted as realtime.
+HIGHEST_PROMOTION = Tier.API

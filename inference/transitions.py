@@ -141,7 +141,10 @@ class Outcome:
 
 
 def missed_deadline(job: Job, now: datetime) -> bool:
-    """Interactive jobs promise latency; batch and offline work waits as long as it takes."""
+    """Interactive jobs promise latency; batch and offline work waits as long as it takes,
+    unless the request named its own deadline (deadline_ms)."""
+    if job.deadline_at is not None and now > job.deadline_at:
+        return True
     if not Tier(job.tier).is_interactive:
         return False
     waited_s = (now - job.created_at).total_seconds()
@@ -339,7 +342,12 @@ class JobQuerySet(models.QuerySet):
             attempts__lt=settings.RENQ_MAX_ATTEMPTS,
         ).update(status=JobStatus.QUEUED, claim_token=None, finished_at=None)
 
-    # --- not a status change: the outbox stamp ---------------------------------------------
+    # --- not status changes: aging and the outbox stamp -------------------------------------
+
+    def promote(self, to_tier: str) -> int:
+        """A queued job waiting past its tier's aging threshold now waits in `to_tier`'s queue
+        (the caller re-publishes it there; whichever copy is claimed first runs it)."""
+        return self.filter(status=JobStatus.QUEUED).update(serving_tier=to_tier)
 
     def mark_published(self) -> int:
         """RabbitMQ confirmed a dispatch message; the outbox sweep skips these jobs."""

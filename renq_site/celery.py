@@ -48,7 +48,13 @@ app.conf.update(
         "sweep-jobs": {
             "task": "inference.sweep",
             "schedule": settings.RENQ_SWEEP_INTERVAL_S,
-        }
+        },
+        # Deadlines are enforced while jobs wait, not only when a worker reaches them.
+        "expire-overdue": {
+            "task": "inference.expire",
+            "schedule": settings.RENQ_EXPIRE_INTERVAL_S,
+            "options": {"expires": settings.RENQ_EXPIRE_INTERVAL_S * 2},
+        },
     },
 )
 app.autodiscover_tasks()

@@ -118,6 +118,11 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Bearer API keys as a security scheme; request bodies closed (unknown fields are a 400).
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "inference.api.schema.closed_request_bodies",
+    ],
 }
 
 # --- Celery / RabbitMQ -------------------------------------------------------------------
@@ -139,6 +144,8 @@ DATA_UPLOAD_MAX_MEMORY_SIZE = RENQ_MAX_REQUEST_BYTES
 # How long a service's (or the I/O) queues may have no consumer before their jobs are handed
 # to the next fallback: longer than a worker restart with its model load.
 RENQ_STRANDED_AFTER_S = float(os.environ.get("RENQ_STRANDED_AFTER_S", "30"))
+# Seconds between expiry passes (queue_timeout, total_timeout, deadline_ms while jobs wait).
+RENQ_EXPIRE_INTERVAL_S = float(os.environ.get("RENQ_EXPIRE_INTERVAL_S", "1"))
 # Seconds between sweeps (outbox, lost messages, dead claims, stranded jobs, expiry).
 RENQ_SWEEP_INTERVAL_S = float(os.environ.get("RENQ_SWEEP_INTERVAL_S", "10"))
 

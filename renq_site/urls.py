@@ -29,3 +29,21 @@ urlpatterns = [
         name="api-docs",
     ),
 ]
+
+
+def not_found(request, exception=None):
+    """The REST API's 404 in its JSON error shape (a malformed job id never matches the URL
+    pattern, and Django's own 404 is an HTML page); every other path keeps Django's page."""
+    if request.path.startswith("/api/"):
+        from django.http import JsonResponse
+
+        from renq_site.middleware import error_body
+
+        message = "no such resource (a job id is a UUID)."
+        return JsonResponse(error_body("not_found", message, "path"), status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
+
+
+handler404 = not_found

@@ -51,15 +51,24 @@ class ErrorSerializer(serializers.Serializer):
 ERROR_RESPONSES = {
     code: OpenApiResponse(ErrorSerializer, description=description)
     for code, description in {
-        400: "Invalid input; `fields` names the offending field.",
+        400: "Invalid input or query parameter; `fields` names the offending field.",
         401: "No or invalid API key.",
         404: "No such job for this tenant.",
         409: "The job cannot be cancelled in its state.",
         413: "Request body too large.",
-        429: "Rate limit or quota exceeded (Retry-After).",
+        415: "The body is not JSON (send Content-Type: application/json).",
+        429: "Rate limit or quota exceeded, or too many failed API keys (Retry-After).",
         503: "Queue full or a dependency unavailable (Retry-After).",
     }.items()
 }
+# What any authenticated request can get whatever it asks: no or a bad key, too many bad keys
+# from this address, a dependency (PostgreSQL, Redis, RabbitMQ) down.
+_ANY_REQUEST = (401, 429, 503)
+
+
+def error_responses(*codes: int) -> dict[int, OpenApiResponse]:
+    """The documented errors of one operation: `codes` plus those any request can get."""
+    return {code: ERROR_RESPONSES[code] for code in sorted({*codes, *_ANY_REQUEST})}
 
 
 def renq_exception_handler(exc, context):

@@ -34,3 +34,15 @@ class BoundedLimitOffsetPagination(LimitOffsetPagination):
 
     def get_offset(self, request) -> int:
         return self._strict_int(request, self.offset_query_param, 0, minimum=0)
+
+    def get_schema_operation_parameters(self, view):
+        """limit and offset with the bounds enforced above, so the schema admits no page size
+        the API refuses."""
+        parameters = super().get_schema_operation_parameters(view)
+        bounds = {
+            self.limit_query_param: {"minimum": 1, "maximum": self.max_limit},
+            self.offset_query_param: {"minimum": 0},
+        }
+        for parameter in parameters:
+            parameter["schema"].update(bounds.get(parameter["name"], {}))
+        return parameters

@@ -1,19 +1,48 @@
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from inference.bulk import bulk_progress
+from inference.bulk import BULK_TIERS, bulk_progress
 from inference.models import Job, Service
 from inference.publishing import current_route
+from inference.submission import MAX_DEADLINE_MS
 from inference.tiers import Tier
 
 
-class JobSubmitSerializer(serializers.Serializer):
-    """Shape of the request; input is checked against the service kind by the submit service."""
+@extend_schema_field({"type": "object", "additionalProperties": True})
+class JobInputField(serializers.JSONField):
+    """The job's input: an object whose fields depend on the service's kind (see the README)."""
 
-    service = serializers.CharField()
-    input = serializers.JSONField()
-    priority = serializers.ChoiceField(choices=Tier.values, required=False, allow_null=True)
+
+class JobSubmitSerializer(serializers.Serializer):
+    """Shape of the request; input is checked against the service kind by the submit service.
+    Only documents the body (the views read it with inference.api.intake): unknown fields are
+    refused, which inference.api.schema declares (additionalProperties: false)."""
+
+    service = serializers.CharField(min_length=1, max_length=60)
+    input = JobInputField()
+    # "" and null both mean the tenant's default tier.
+    priority = serializers.ChoiceField(
+        choices=Tier.values, required=False, allow_null=True, allow_blank=True
+    )
+    deadline_ms = serializers.IntegerField(
+        min_value=1,
+        max_value=MAX_DEADLINE_MS,
+        required=False,
+        allow_null=True,
+        help_text="An interactive job not started within this many ms expires.",
+    )
+
+
+class BulkJobSubmitSerializer(serializers.Serializer):
+    """A bulk job: one list (texts, documents or prompts) split into pieces; batch or offline."""
+
+    service = serializers.CharField(min_length=1, max_length=60)
+    input = JobInputField()
+    priority = serializers.ChoiceField(
+        choices=[str(t) for t in BULK_TIERS], required=False, allow_null=True, allow_blank=True
+    )
 
 
 class BackendAttemptSerializer(serializers.Serializer):
@@ -37,8 +66,12 @@ class JobSerializer(serializers.ModelSerializer):
     total_ms = serializers.FloatField(read_only=True, allow_null=True)
     progress = serializers.SerializerMethodField()
     # Routed jobs (routing/): the backend running it and why; null for unrouted services.
-    backend = serializers.CharField(source="route.backend.name", read_only=True, default=None)
-    route_reason = serializers.CharField(source="route.reason", read_only=True, default=None)
+    backend = serializers.CharField(
+        source="route.backend.name", read_only=True, default=None, allow_null=True
+    )
+    route_reason = serializers.CharField(
+        source="route.reason", read_only=True, default=None, allow_null=True
+    )
     backend_attempts = BackendAttemptSerializer(
         source="routing_attempts", many=True, read_only=True
     )

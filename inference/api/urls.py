@@ -7,4 +7,5 @@ urlpatterns = [
     path("jobs/bulk", views.BulkJobCreateView.as_view(), name="job-bulk"),
     path("jobs/<uuid:job_id>", views.JobDetailView.as_view(), name="job-detail"),
     path("services", views.ServiceListView.as_view(), name="service-list"),
+    path("queues", views.QueueReportView.as_view(), name="queue-report"),
 ]

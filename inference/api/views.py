@@ -2,14 +2,18 @@ from __future__ import annotations
 
 from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import generics, status
+from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from inference.api.errors import ERROR_RESPONSES, error_response
+from inference.api import schema as _schema  # noqa: F401 - registers the API key scheme
+from inference.api.errors import error_response, error_responses
 from inference.api.intake import job_fields, requested_actor
 from inference.api.serializers import (
+    BulkJobSubmitSerializer,
     JobAcceptedSerializer,
     JobSerializer,
     JobSubmitSerializer,
@@ -17,8 +21,9 @@ from inference.api.serializers import (
     ServiceSerializer,
 )
 from inference.bulk import submit_bulk
-from inference.inputs import InputError
+from inference.inputs import InputError, check_storable_text
 from inference.models import Job, JobStatus, Service
+from inference.queue_report import queue_report
 from inference.submission import (
     MAX_JOBS_PER_REQUEST,
     JobRequest,
@@ -29,9 +34,30 @@ from inference.submission import (
 )
 from routing.models import JobAttempt
 
+# Request examples for the docs page (and the first cases schemathesis sends).
+SUBMIT_EXAMPLES = [
+    OpenApiExample(
+        "embedding",
+        {"service": "embedding", "priority": "realtime", "input": {"texts": ["hello world"]}},
+        request_only=True,
+    ),
+    OpenApiExample(
+        "reranker",
+        {"service": "reranker", "input": {"query": "cats", "documents": ["a cat", "tax"]}},
+        request_only=True,
+    ),
+    OpenApiExample(
+        "llm",
+        {"service": "llm", "input": {"prompt": "Say hi", "max_tokens": 8}},
+        request_only=True,
+    ),
+]
+
 
 class JobListCreateView(generics.ListAPIView):
     serializer_class = JobSummarySerializer
+    # Jobs are JSON (a form field cannot carry an input object): anything else is a 415.
+    parser_classes = [JSONParser]
 
     def get_queryset(self):
         # Pieces of bulk jobs are internal; their parent reports progress.
@@ -39,18 +65,34 @@ class JobListCreateView(generics.ListAPIView):
             "service", "route__backend"
         )
         status_filter = self.request.query_params.get("status")
-        if status_filter:
+        if status_filter is not None:  # `status=` is not "any status": it is no status at all
             if status_filter not in JobStatus.values:
                 raise InputError("status", f"must be one of {', '.join(JobStatus.values)}.")
             jobs = jobs.filter(status=status_filter)
         service = self.request.query_params.get("service")
         if service:
+            check_storable_text(service, "service")  # a NUL cannot be sent in a query
             jobs = jobs.filter(service__name=service)
         return jobs
 
     @extend_schema(
+        parameters=[
+            OpenApiParameter("status", enum=JobStatus.values, description="Only jobs in it."),
+            OpenApiParameter("service", str, description="Only jobs of this service."),
+        ],
+        responses={200: JobSummarySerializer(many=True), **error_responses(400)},
+    )
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+    @extend_schema(
         request=JobSubmitSerializer,
-        responses={202: JobAcceptedSerializer, 200: JobAcceptedSerializer, **ERROR_RESPONSES},
+        responses={
+            202: JobAcceptedSerializer,
+            200: JobAcceptedSerializer,
+            **error_responses(400, 413, 415),
+        },
+        examples=SUBMIT_EXAMPLES,
         description="Submit one job (an object) or many (a list of up to "
         f"{MAX_JOBS_PER_REQUEST} objects: one transaction, per-item results and errors). "
         "An `Idempotency-Key` header returns the job it first created (24 h).",
@@ -118,7 +160,19 @@ class JobListCreateView(generics.ListAPIView):
 
 
 class BulkJobCreateView(APIView):
-    @extend_schema(request=JobSubmitSerializer, responses={202: JobSerializer, **ERROR_RESPONSES})
+    parser_classes = [JSONParser]
+
+    @extend_schema(
+        request=BulkJobSubmitSerializer,
+        responses={202: JobSerializer, **error_responses(400, 413, 415)},
+        examples=[
+            OpenApiExample(
+                "embedding texts in bulk",
+                {"service": "embedding", "priority": "batch", "input": {"texts": ["t1", "t2"]}},
+                request_only=True,
+            )
+        ],
+    )
     def post(self, request):
         fields = job_fields(request.data)
         if "deadline_ms" in fields:
@@ -139,7 +193,7 @@ def _own_jobs(request):
 
 
 class JobDetailView(APIView):
-    @extend_schema(responses={200: JobSerializer, **ERROR_RESPONSES})
+    @extend_schema(responses={200: JobSerializer, **error_responses(404)})
     def get(self, request, job_id):
         attempts = Prefetch(
             "routing_attempts",
@@ -148,7 +202,7 @@ class JobDetailView(APIView):
         job = get_object_or_404(_own_jobs(request).prefetch_related(attempts), pk=job_id)
         return Response(JobSerializer(job).data)
 
-    @extend_schema(responses={200: JobSerializer, **ERROR_RESPONSES})
+    @extend_schema(responses={200: JobSerializer, **error_responses(404, 409)})
     def delete(self, request, job_id):
         job = get_object_or_404(_own_jobs(request), pk=job_id)
         if not cancel_job(job, actor=requested_actor(request)):
@@ -164,3 +218,16 @@ class JobDetailView(APIView):
 class ServiceListView(generics.ListAPIView):
     serializer_class = ServiceSerializer
     queryset = Service.objects.filter(active=True)
+
+    @extend_schema(responses={200: ServiceSerializer(many=True), **error_responses(400)})
+    def get(self, request, *args, **kwargs):
+        return super().get(request, *args, **kwargs)
+
+
+class QueueReportView(APIView):
+    """Per service and tier: depth, oldest wait, completions in the last minute, and the batch
+    cost model with its preemption budget."""
+
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, **error_responses(401)})
+    def get(self, request):
+        return Response({"services": queue_report()})

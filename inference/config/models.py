@@ -70,7 +70,8 @@ class ServiceModelLink(models.Model):
 
 
 # Defaults of the tier policies; config.yaml's `tiers:` overrides them.
-DEFAULT_TIER_WEIGHTS = {"realtime": 8.0, "api": 4.0, "batch": 2.0, "offline": 1.0}
+# P1:P2:P3 share when all have work (issue #8's default); realtime is strict, its weight unused.
+DEFAULT_TIER_WEIGHTS = {"realtime": 0.0, "api": 5.0, "batch": 3.0, "offline": 2.0}
 # Longest local wait batch/offline work accepts (spill-over to the cloud, the autoscaler's
 # target). Realtime/api targets come from each service's queue_timeout/total_timeout.
 DEFAULT_TARGET_WAIT_S: dict[str, float | None] = {

@@ -17,6 +17,8 @@ POISON_TEXT = "__renq_poison__"
 
 class NoopEngine(Engine):
     kind = "noop"
+    # Nothing is padded: the cost model's padding allowance is 0.
+    max_padding_ratio = 0.0
 
     def __init__(self, model_ref: str, *, device: str | None = None):
         # Nothing to load: no model folder, and the CPU is always there.
@@ -24,6 +26,9 @@ class NoopEngine(Engine):
         self.device = device or "cpu"
 
     def count_tokens(self, payload: dict) -> int:
+        # A slept millisecond counts as a token, so the cost model learns sleeps exactly.
+        if payload.get("sleep_ms"):
+            return max(1, int(payload["sleep_ms"]))
         return max(1, sum(len(t) for t in payload["texts"]) // 4)
 
     def run_batch(self, payloads: list[dict]) -> list[dict]:

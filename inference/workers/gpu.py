@@ -9,7 +9,11 @@ stores every outcome before acknowledging any pulled message.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -17,6 +21,7 @@ from django.utils import timezone
 
 from inference import metrics
 from inference.batching import BatchItem, BatchWindow
+from inference.cost_model import BatchCostModel, preemption_budget_s
 from inference.engines import load_engine
 from inference.kinds import kind_of
 from inference.log_fields import job_fields
@@ -29,6 +34,32 @@ from inference.workers import worker_identity
 from inference.workers.tier_reader import BROKER_ERRORS, PulledMessage, ReaderPool
 
 logger = logging.getLogger(__name__)
+
+
+class InferenceTimeout(Exception):
+    """The forward pass ran past the service's inference_timeout."""
+
+
+@contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise InferenceTimeout in this thread after `seconds`. A SIGALRM timer, so only in the
+    main thread (prefork and solo pools run tasks there); elsewhere there is no limit. torch
+    returns to Python between operators, where the exception is raised."""
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(_signum, _frame):
+        raise InferenceTimeout(f"exceeded {seconds:g} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
 
 # Between empty polls of the tier queues while a window is open. Small against batch_timeout
 # (10 ms and up) yet cheap: each poll is one basic.get per tier on a local broker.
@@ -86,12 +117,17 @@ class BatchRunner:
             return report.as_dict()
         reader = self._readers.get(service.name)
         if reader is not None and seed_tier:
-            reader.mark_served(seed_tier)
+            reader.share.served(Tier(seed_tier))
 
+        cost_model = BatchCostModel(service.name, engine.device)
+        cost = cost_model.current()
+        padding = getattr(engine, "max_padding_ratio", 0.0)
         window: BatchWindow[tuple[Job, Claim]] = BatchWindow(
             max_jobs=service.batch_size,
             timeout_s=service.batch_timeout,
             max_tokens=service.max_total_tokens,
+            max_run_s=preemption_budget_s(service),
+            predict_s=lambda tokens: cost.predict_s(tokens, padding_ratio=padding),
         )
         window.offer(
             self._item(engine, seed, seed_claim),
@@ -101,7 +137,7 @@ class BatchRunner:
         try:
             if reader is not None:
                 self._fill_or_drop_reader(window, reader, engine, pulled, worker, report)
-            outcomes = self._run_batch(engine, window.items, report)
+            outcomes = self._run_batch(engine, window.items, report, cost_model)
             # The seed is the window's first item.
             report.seed_failed = outcomes[0].result is None
         except BaseException:
@@ -194,10 +230,16 @@ class BatchRunner:
                 pm.message.requeue()
             report.requeued += len(to_release)
 
-    def _run_batch(self, engine, items: list[BatchItem], report: BatchReport) -> list[Outcome]:
+    def _run_batch(
+        self, engine, items: list[BatchItem], report: BatchReport, cost_model: BatchCostModel
+    ) -> list[Outcome]:
         jobs = [item.value[0] for item in items]
         report.tiers = sorted({job.tier for job in jobs})
         outcomes = self._infer(engine, jobs, [item.tokens for item in items])
+        if outcomes[0].inference_ms is not None and outcomes[0].batch_size == len(jobs):
+            cost_model.observe_batch(
+                outcomes[0].inference_ms / 1000, sum(item.tokens for item in items)
+            )
         metrics.observe_batch(jobs[0].service, outcomes)
         by_token: dict = {}
         for item, outcome in zip(items, outcomes, strict=True):
@@ -217,8 +259,23 @@ class BatchRunner:
     def _infer(engine, jobs: list[Job], tokens: list[int]) -> list[Outcome]:
         started_at = timezone.now()
         started = time.perf_counter()
+        limit_s = jobs[0].service.inference_timeout
         try:
-            results = engine.run_batch([engine_payload(job) for job in jobs])
+            with time_limit(limit_s):
+                results = engine.run_batch([engine_payload(job) for job in jobs])
+        except InferenceTimeout:
+            # Not a verdict on any one input: the attempt is over, a routed job moves down its
+            # cascade, and the cost model learns the batch was too long.
+            logger.warning("batch of %d exceeded inference_timeout %g s", len(jobs), limit_s)
+            return [
+                Outcome(
+                    job=job,
+                    error=f"the forward pass exceeded the service's inference_timeout "
+                    f"({limit_s:g} s)",
+                    started_at=started_at,
+                )
+                for job in jobs
+            ]
         except Exception as exc:
             if len(jobs) == 1:
                 logger.exception("job %s failed", jobs[0].pk, extra=job_fields(jobs[0]))

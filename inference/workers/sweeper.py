@@ -18,16 +18,18 @@ from django.utils import timezone
 from inference import queues
 from inference.batches.tasks import restart_stalled_batches
 from inference.bulk import finish_stalled_bulks
+from inference.config.tiers import tier_policies
 from inference.models import Job, JobStatus, Service
 from inference.placement import hand_on
 from inference.publishing import (
     consumer_count,
     destination,
     publish,
+    publish_many,
     ready_message_counts,
     republish_unpublished,
 )
-from inference.tiers import Tier
+from inference.tiers import HIGHEST_PROMOTION, TIER_ORDER, Tier
 from inference.transitions import Outcome
 from renq_site.shared_redis import shared_redis
 from routing.attempts import AttemptOutcome, AttemptRecord, record_attempts
@@ -90,16 +92,55 @@ def republish_lost_messages(now=None, *, lost_after_s: float = LOST_MESSAGE_AFTE
     return sum(publish(job) for job in waiting if targets[job.pk] in empty)
 
 
-def expire_overdue(now=None) -> int:
-    """Interactive jobs nobody picked up in time are told so, even with no worker running."""
+def promote_waiting_jobs(now=None) -> int:
+    """Aging for every worker at once: a queued job that has waited in its tier's queue past
+    the tier's aging threshold is re-published one tier up (never into realtime), and again
+    after the next tier's threshold. The copy left in the old queue is dropped at claim."""
     now = now or timezone.now()
-    expired = 0
-    for service in Service.objects.all():
+    policies = tier_policies()
+    promoted = 0
+    for own in TIER_ORDER:
+        entered_at_s = 0.0  # seconds after submission the job entered `current`
+        current = own
+        while current.rank > HIGHEST_PROMOTION.rank:
+            threshold_s = policies[current.value].aging_after_s
+            if threshold_s <= 0:
+                break
+            entered_at_s += threshold_s
+            up = TIER_ORDER[current.rank - 1]
+            waiting = Job.objects.filter(
+                status=JobStatus.QUEUED,
+                tier=own,
+                serving_tier="" if current == own else current,
+                parent__isnull=True,
+                created_at__lt=now - timedelta(seconds=entered_at_s),
+            )
+            ids = list(waiting.values_list("pk", flat=True)[:1000])
+            if ids:
+                Job.objects.filter(pk__in=ids, tier=own).promote(up)
+                jobs = Job.objects.filter(pk__in=ids, serving_tier=up).select_related(
+                    "service", "route__backend"
+                )
+                promoted += publish_many(list(jobs))
+            current = up
+    return promoted
+
+
+def expire_overdue(now=None) -> int:
+    """Jobs nobody started in time are told so while they wait, even with no worker running:
+    interactive jobs past their service's queue_timeout (or total_timeout, if shorter), and
+    any job past its own deadline (deadline_ms). Run every second by the control worker."""
+    now = now or timezone.now()
+    expired = Job.objects.filter(deadline_at__lt=now).expire(
+        "not started before its deadline (deadline_ms)"
+    )
+    for service in Service.objects.filter(active=True):
+        waited_too_long = min(service.queue_timeout, service.total_timeout)
         expired += Job.objects.filter(
             service=service,
             tier__in=[Tier.REALTIME, Tier.API],
-            created_at__lt=now - timedelta(seconds=service.total_timeout),
-        ).expire("no worker started this job within the service's total_timeout")
+            created_at__lt=now - timedelta(seconds=waited_too_long),
+        ).expire("waited longer than the service's queue_timeout before a worker was free")
     return expired
 
 
@@ -200,6 +241,7 @@ def sweep_jobs() -> dict:
         "rescued": rescue_stranded_jobs(),
         "recovered": recover_stale_claims(),
         "expired": expire_overdue(),
+        "promoted": promote_waiting_jobs(),
         "bulks_finished": finish_stalled_bulks(),
         "batches_restarted": restart_stalled_batches(),  # the Batch API (inference.batches)
     }

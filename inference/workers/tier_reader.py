@@ -1,16 +1,18 @@
-"""Pulls dispatch messages from one service's tier queues, highest tier first, with aging.
+"""Pulls dispatch messages from one service's tier queues: realtime first, then the other
+tiers by weighted share.
 
 Why the worker pulls instead of letting Celery deliver: RabbitMQ applies prefetch per
 consumer, so a worker consuming four tier queues holds one message per queue and Celery runs
 them in arrival order, not tier order. The batch runner therefore takes the rest of each batch
 itself with basic.get, choosing the tier. Messages stay unacked until their jobs' outcomes are
-stored, so a crash hands them back to RabbitMQ.
+stored, so a crash hands them back to RabbitMQ. Aging is not done here but by the sweep, for
+every worker at once: a job waiting past its tier's threshold is re-published one tier up
+(inference.workers.sweeper.promote_waiting_jobs).
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,13 +22,48 @@ from kombu.exceptions import KombuError
 from kombu.message import Message
 
 from inference.queues import tier_queue
-from inference.tiers import AGING_INTERVAL_S, TIER_ORDER, Tier
+from inference.tiers import TIER_ORDER, Tier
 
 logger = logging.getLogger(__name__)
 
 # What a broken broker connection or channel raises through kombu/py-amqp ("connection already
 # closed", BrokenPipeError, ConnectionResetError, channel closed by the broker, …).
 BROKER_ERRORS: tuple[type[BaseException], ...] = (OSError, KombuError, AMQPError)
+
+
+# P1:P2:P3 when all three have work (P0 is strict: always first).
+DEFAULT_WEIGHTS: dict[str, float] = {Tier.API: 5.0, Tier.BATCH: 3.0, Tier.OFFLINE: 2.0}
+
+
+class WeightedShare:
+    """Weighted share between the tiers below realtime, counted in jobs taken.
+
+    Each tier's lag is how many jobs it is behind its share of everything taken so far; the
+    tier furthest behind is tried first. A tier found empty banks no credit (its count is
+    reset to its share), so work arriving after a quiet spell gets its share, not a burst.
+    With weights 5:3:2 every non-empty tier is taken at least once in every few jobs, so each
+    batch of any size serves all of them: nothing below realtime starves.
+    """
+
+    def __init__(self, weights: dict[str, float]):
+        tiers = [t for t in TIER_ORDER if t != Tier.REALTIME]
+        total = sum(max(0.0, float(weights.get(t, 0.0))) for t in tiers) or 1.0
+        self.fractions = {t: max(0.0, float(weights.get(t, 0.0))) / total for t in tiers}
+        self.counts = {t: 0.0 for t in tiers}
+
+    def _lag(self, tier: Tier) -> float:
+        return self.fractions[tier] * (sum(self.counts.values()) + 1) - self.counts[tier]
+
+    def order(self) -> list[Tier]:
+        return sorted(self.counts, key=lambda t: (-self._lag(t), t.rank))
+
+    def served(self, tier: Tier) -> None:
+        if tier in self.counts:
+            self.counts[tier] += 1
+
+    def idle(self, tier: Tier) -> None:
+        if tier in self.counts:
+            self.counts[tier] = self.fractions[tier] * sum(self.counts.values())
 
 
 @dataclass
@@ -49,10 +86,9 @@ class TierQueueReader:
         service_name: str,
         *,
         queue_factory: Callable[[str], object],
-        clock: Callable[[], float] = time.monotonic,
+        weights: dict[str, float] | None = None,
     ):
         self.service_name = service_name
-        self.clock = clock
         self._connection = connection
         self._channel = connection.channel()
         self._queues = {}
@@ -61,39 +97,20 @@ class TierQueueReader:
             # Same arguments as the worker's -Q declaration, so this never 406s.
             queue.declare()
             self._queues[tier] = queue
-        now = clock()
-        self._last_served = {tier: now for tier in TIER_ORDER}
+        self.share = WeightedShare(weights or DEFAULT_WEIGHTS)
 
     def tier_order(self) -> list[Tier]:
-        """Tiers in the order to try now: tiers unserved past their aging interval first, the
-        most overdue (in seconds past its interval) first; then strict priority.
-
-        Overdue is measured in absolute seconds, so a busy tier that is served every batch is
-        overdue by at most one batch's duration, while a starved tier's lateness keeps growing:
-        no tier waits much longer than its interval plus one batch.
-        """
-        now = self.clock()
-        lateness = {
-            tier: now - self._last_served[tier] - AGING_INTERVAL_S[tier]
-            for tier in TIER_ORDER
-            if AGING_INTERVAL_S[tier]
-        }
-        overdue = sorted((t for t, late in lateness.items() if late > 0), key=lateness.get)
-        overdue.reverse()
-        return overdue + [tier for tier in TIER_ORDER if tier not in overdue]
-
-    def mark_served(self, tier: str) -> None:
-        self._last_served[Tier(tier)] = self.clock()
+        """Realtime first, always; then the other tiers by how far behind their share."""
+        return [Tier.REALTIME, *self.share.order()]
 
     def get(self, tiers: list[Tier] | None = None) -> PulledMessage | None:
         """The next message by tier order, or None when every tier queue is empty."""
         for tier in tiers if tiers is not None else self.tier_order():
             message = self._queues[tier].get(no_ack=False, accept=["json"])
             if message is None:
-                # Nothing waiting is nothing starving: restart this tier's aging clock.
-                self._last_served[tier] = self.clock()
+                self.share.idle(tier)
                 continue
-            self._last_served[tier] = self.clock()
+            self.share.served(tier)
             args = message.decode()[0]
             return PulledMessage(job_id=str(args[0]), tier=tier, message=message)
         return None
@@ -117,9 +134,11 @@ class ReaderPool:
         self,
         connect: Callable[[], Connection],
         queue_factory: Callable[[str], object],
+        weights: Callable[[], dict[str, float]] = lambda: DEFAULT_WEIGHTS,
     ):
         self._connect = connect
         self._queue_factory = queue_factory
+        self._weights = weights
         self._readers: dict[str, TierQueueReader] = {}
 
     def get(self, service_name: str) -> TierQueueReader | None:
@@ -128,7 +147,10 @@ class ReaderPool:
         if reader is None:
             try:
                 reader = TierQueueReader(
-                    self._connect(), service_name, queue_factory=self._queue_factory
+                    self._connect(),
+                    service_name,
+                    queue_factory=self._queue_factory,
+                    weights=self._weights(),
                 )
             except BROKER_ERRORS:
                 logger.warning(

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import torch
 from django.conf import settings
 
+from inference.cost_model import BatchCostModel
 from inference.engines import load_engine
 from inference.kinds import kind_of
 from inference.models import Service
@@ -32,7 +34,14 @@ def warm_engines_for_consumed_queues() -> None:
         logger.info("loading %s model %s", service.kind, service.model_ref)
         try:
             engine = load_engine(service.kind, service.model_ref, device=settings.RENQ_DEVICE)
+            engine.run_batch([kind_of(service.kind).warmup_payload])  # lazy kernel set-up
+            # Timed again, warm: a tiny batch is nearly all per-batch overhead, which seeds
+            # the cost model that bounds batch run times (inference.cost_model).
+            started = time.perf_counter()
             engine.run_batch([kind_of(service.kind).warmup_payload])
+            BatchCostModel(service.name, engine.device).observe_overhead(
+                time.perf_counter() - started
+            )
         except Exception:  # a broken model must not stop the worker serving other services
             logger.exception("could not warm %s; its jobs will fail over", service.name)
             failed.append(service.name)

@@ -147,3 +147,20 @@ def test_database_down_is_503_with_retry_after_not_500(api, embedding, settings)
     assert response.status_code == 503
     assert int(response["Retry-After"]) >= 1
     assert response.json()["error"]["code"] == "service_unavailable"
+
+
+def test_queue_report_shows_depth_oldest_wait_and_the_preemption_budget(api, make_service):
+    make_service("embedding", total_timeout=4)
+    for priority in ("batch", "batch", "realtime"):
+        submit(api, {"service": "embedding", "input": {"texts": ["a"]}, "priority": priority})
+    report = api.get("/api/v1/queues").json()["services"]
+    embedding = next(s for s in report if s["service"] == "embedding")
+    assert embedding["tiers"]["batch"]["depth"] == 2
+    assert embedding["tiers"]["realtime"]["depth"] == 1
+    assert embedding["tiers"]["offline"] == {
+        "depth": 0,
+        "oldest_wait_s": None,
+        "completed_last_minute": 0,
+    }
+    assert embedding["tiers"]["batch"]["oldest_wait_s"] >= 0
+    assert embedding["preemption_budget_s"] == 2.0

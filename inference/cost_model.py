@@ -1,0 +1,132 @@
+"""How long a batch will take, learned online per service and device: the batch former's
+tool for bounded preemption.
+
+    predicted_s = per_batch_s + per_token_s × padded tokens
+
+Both coefficients are moving averages of what the workers of a service on one kind of device
+measured (shared in Redis, so a new worker starts with its peers' knowledge): every batch
+updates `per_token_s` from (elapsed − per_batch_s) / tokens, and the warm-up pass (one tiny
+batch) seeds `per_batch_s`. Padded tokens are estimated as the job tokens × (1 + the engine's
+padding allowance), since length bucketing keeps padding under that ratio.
+
+Preemption in a serving system happens at dispatch: a forward pass is not interrupted. So a
+realtime job that arrives while a batch runs waits for that batch to end; keeping every
+non-realtime batch's predicted time under the service's preemption budget is what bounds
+that wait.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import redis
+
+from renq_site.shared_redis import shared_redis
+
+logger = logging.getLogger(__name__)
+
+# Weight of the newest sample: ~10 batches dominate, so a change of load shows within seconds.
+EWMA_ALPHA = 0.2
+# Until a service has been measured: a conservative guess (a 2-core CPU running MiniLM takes
+# ~0.1 ms per token with one thread); the first real batch replaces it.
+PRIOR_PER_TOKEN_S = 1e-4
+PRIOR_PER_BATCH_S = 0.005
+# Padding allowance when the engine does not say (inference.engines.base.Engine).
+DEFAULT_PADDING_RATIO = 0.25
+
+_UPDATE = """
+local h = redis.call('HMGET', KEYS[1], 'per_token_s', 'per_batch_s', 'samples')
+local per_token = tonumber(h[1] or ARGV[3])
+local per_batch = tonumber(h[2] or ARGV[4])
+local alpha = tonumber(ARGV[5])
+if ARGV[6] == 'batch' then
+  per_batch = alpha * tonumber(ARGV[1]) + (1 - alpha) * per_batch
+else
+  local sample = math.max(0, tonumber(ARGV[1]) - per_batch) / math.max(1, tonumber(ARGV[2]))
+  if h[1] then per_token = alpha * sample + (1 - alpha) * per_token else per_token = sample end
+end
+redis.call('HSET', KEYS[1], 'per_token_s', tostring(per_token), 'per_batch_s',
+           tostring(per_batch))
+redis.call('HINCRBY', KEYS[1], 'samples', 1)
+return {tostring(per_token), tostring(per_batch)}
+"""
+
+
+@dataclass(frozen=True)
+class BatchCost:
+    per_token_s: float
+    per_batch_s: float
+    samples: int
+
+    def predict_s(self, tokens: int, *, padding_ratio: float = DEFAULT_PADDING_RATIO) -> float:
+        return self.per_batch_s + self.per_token_s * tokens * (1 + padding_ratio)
+
+    def tokens_within(self, budget_s: float, *, padding_ratio: float = DEFAULT_PADDING_RATIO):
+        """The most job tokens a batch may hold to stay within `budget_s`."""
+        spare = max(0.0, budget_s - self.per_batch_s)
+        return int(spare / (self.per_token_s * (1 + padding_ratio))) if self.per_token_s else 0
+
+
+class BatchCostModel:
+    def __init__(self, service_name: str, device: str, client: redis.Redis | None = None):
+        self.key = f"renq:cost:{service_name}:{device}"
+        self._client = client
+
+    @property
+    def redis(self) -> redis.Redis:
+        return self._client or shared_redis()
+
+    def current(self) -> BatchCost:
+        try:
+            stored = self.redis.hgetall(self.key)
+        except redis.RedisError:
+            stored = {}
+        return BatchCost(
+            per_token_s=float(stored.get(b"per_token_s", PRIOR_PER_TOKEN_S)),
+            per_batch_s=float(stored.get(b"per_batch_s", PRIOR_PER_BATCH_S)),
+            samples=int(stored.get(b"samples", 0)),
+        )
+
+    @classmethod
+    def measured(cls, service_name: str) -> dict[str, BatchCost]:
+        """The model of every device the service's workers have measured, by device."""
+        prefix = f"renq:cost:{service_name}:"
+        try:
+            keys = list(shared_redis().scan_iter(match=f"{prefix}*", count=100))
+        except redis.RedisError:
+            return {}
+        devices = [key.decode()[len(prefix) :] for key in keys]
+        return {device: cls(service_name, device).current() for device in sorted(devices)}
+
+    def observe_batch(self, elapsed_s: float, tokens: int) -> None:
+        self._update(elapsed_s, tokens, "tokens")
+
+    def observe_overhead(self, elapsed_s: float) -> None:
+        """A tiny batch (the warm-up pass): nearly all of it is per-batch overhead."""
+        self._update(elapsed_s, 0, "batch")
+
+    def _update(self, elapsed_s: float, tokens: int, which: str) -> None:
+        try:
+            self.redis.eval(
+                _UPDATE,
+                1,
+                self.key,
+                elapsed_s,
+                tokens,
+                PRIOR_PER_TOKEN_S,
+                PRIOR_PER_BATCH_S,
+                EWMA_ALPHA,
+                which,
+            )
+        except redis.RedisError:
+            # A statistic: a lost sample must not cost a batch its results.
+            logger.warning("could not update the batch cost model %s", self.key, exc_info=True)
+
+
+def preemption_budget_s(service) -> float:
+    """Longest predicted run of a non-realtime batch: the service's setting, else half of its
+    total_timeout (a realtime job then has the other half for its own batch)."""
+    if service.preemption_budget_s:
+        return float(service.preemption_budget_s)
+    return service.total_timeout / 2

@@ -1,0 +1,124 @@
+"""Priority with a real worker: bounded preemption, plan boost, aging across workers, and
+every timeout path. The no-op model kind stands in for a slow model (`sleep_ms`), so the
+scenarios are exact and quick."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.utils import timezone
+
+from inference.cost_model import BatchCostModel
+from inference.models import Job, JobStatus
+from inference.publishing import ready_message_counts
+from inference.queues import tier_queue
+from inference.submission import submit_job
+from inference.workers.sweeper import expire_overdue, promote_waiting_jobs
+from tests.conftest import WorkerProcess, wait_for_job
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
+
+
+def submit(tenant, service, *, sleep_ms=0, priority="batch", text="x", **kw):
+    payload = {"texts": [text]} | ({"sleep_ms": sleep_ms} if sleep_ms else {})
+    return submit_job(tenant=tenant, service_name=service, payload=payload, priority=priority, **kw)
+
+
+def test_a_realtime_job_waits_for_one_bounded_batch_not_a_long_one(
+    celery_worker_process, make_tenant, make_service
+):
+    # 16 offline jobs of 200 ms each would be one 3.2 s batch; the 0.5 s budget cuts it to
+    # batches of two, so a realtime job arriving at any moment starts within ~0.5 s.
+    make_service("noop", batch_size=16, batch_timeout=0.5, preemption_budget_s=0.5)
+    BatchCostModel("noop", "cpu").observe_batch(0.205, 200)  # as if measured: ~1 ms/token
+    tenant, _ = make_tenant()
+    backlog = [submit(tenant, "noop", sleep_ms=200, priority="offline") for _ in range(16)]
+    time.sleep(0.7)  # the worker is in the middle of the backlog
+    realtime = submit(tenant, "noop", priority="realtime", text="now")
+    realtime = wait_for_job(realtime.pk, timeout_s=20)
+    assert realtime.status == JobStatus.SUCCEEDED
+    assert realtime.queue_wait_ms < 1500, realtime.queue_wait_ms
+    sizes = {wait_for_job(j.pk, timeout_s=30).batch_size for j in backlog}
+    assert max(sizes) <= 3
+
+
+def test_enterprise_before_pro_before_free_within_a_tier(
+    celery_worker_process, make_tenant, make_service
+):
+    make_service("noop", batch_size=1)
+    blocker_tenant, _ = make_tenant("blocker", plan="free")
+    blocker = submit(blocker_tenant, "noop", sleep_ms=3000, priority="api")
+    # The worker holds the blocker (its api consumer's one unacked message): the next three
+    # wait in the api queue, where RabbitMQ orders them by message priority (the plan boost).
+    wait_for_job(blocker.pk, timeout_s=30, statuses=["running"])
+    jobs = {}
+    for plan in ("free", "pro", "enterprise"):
+        tenant, _ = make_tenant(plan, plan=plan)
+        jobs[plan] = submit(tenant, "noop", priority="api", text=plan)
+    wait_for_job(blocker.pk)
+    started = {plan: wait_for_job(job.pk).started_at for plan, job in jobs.items()}
+    assert started["enterprise"] < started["pro"] < started["free"]
+
+
+def test_aging_promotes_a_waiting_job_for_every_worker(
+    make_tenant, make_service, django_db_blocker
+):
+    from inference.config.models import SchedulerSettings
+    from inference.config.tiers import tier_policies
+
+    service = make_service("noop", name="aging", batch_size=4)
+    SchedulerSettings.objects.update_or_create(
+        pk=SchedulerSettings.SINGLETON_PK,
+        defaults={"tiers": {"offline": {"aging_after_s": 1.0}, "batch": {"aging_after_s": 600}}},
+    )
+    assert tier_policies()["offline"].aging_after_s == 1.0
+    tenant, _ = make_tenant()
+    old = submit(tenant, "aging", priority="offline", text="old")  # no worker yet
+    assert promote_waiting_jobs() == 0
+    time.sleep(1.2)
+    assert promote_waiting_jobs() == 1
+    old.refresh_from_db()
+    assert old.serving_tier == "batch"
+    counts = ready_message_counts([tier_queue("aging", "batch"), tier_queue("aging", "offline")])
+    assert counts == {tier_queue("aging", "batch"): 1, tier_queue("aging", "offline"): 1}
+    assert promote_waiting_jobs() == 0  # batch's own threshold (600 s) is far away
+
+    # Two workers: whichever takes a copy first runs it; the other copy is dropped at claim.
+    workers = [WorkerProcess(services=("aging",), name=f"aging{i}") for i in range(2)]
+    try:
+        done = wait_for_job(old.pk, timeout_s=30)
+        assert done.status == JobStatus.SUCCEEDED and done.attempts == 1
+        deadline = time.time() + 10
+        while time.time() < deadline and any(
+            ready_message_counts([tier_queue("aging", t) for t in ("batch", "offline")]).values()
+        ):
+            time.sleep(0.1)
+        done.refresh_from_db()
+        assert done.attempts == 1
+    finally:
+        for worker in workers:
+            worker.stop()
+    assert service.pk
+
+
+def test_every_timeout_path_expires_or_fails_the_job_with_its_reason(
+    celery_worker_process, make_tenant, make_service
+):
+    make_service("noop", name="unserved", queue_timeout=0.2, total_timeout=5)  # no consumer
+    make_service("noop", inference_timeout=0.3, batch_size=1)
+    tenant, _ = make_tenant()
+
+    waiting = submit(tenant, "unserved", priority="api")
+    with_deadline = submit(tenant, "unserved", priority="offline", deadline_ms=200)
+    time.sleep(0.4)
+    assert expire_overdue(timezone.now()) == 2
+    waiting.refresh_from_db()
+    with_deadline.refresh_from_db()
+    assert waiting.status == JobStatus.EXPIRED and "queue_timeout" in waiting.error
+    assert with_deadline.status == JobStatus.EXPIRED and "deadline" in with_deadline.error
+
+    too_slow = wait_for_job(submit(tenant, "noop", sleep_ms=3000).pk, timeout_s=20)
+    assert too_slow.status == JobStatus.FAILED
+    assert "inference_timeout (0.3 s)" in too_slow.error
+    assert Job.objects.filter(pk=too_slow.pk, dead_lettered_at__isnull=True).exists()
