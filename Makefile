@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test bench venv services db fixtures setup browser lint worker web flower clean
+.PHONY: demo test bench venv services db fixtures setup browser lint worker web flower clean chaos fuzz
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -52,6 +52,24 @@ test: setup browser
 	$(PY) -m ruff check .
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest
+
+# Faults under load (tests/chaos): the reduced forms run in `make test`; this runs the full-size
+# forms and those that stop and start the machine's real PostgreSQL, RabbitMQ and Redis
+# (RENQ_CHAOS_REAL_SERVICES=0 to skip them). Own database, queues and Redis db by default.
+CHAOS_ENV = RENQ_TEST_DATABASE=$${RENQ_TEST_DATABASE:-renq_test_chaos} \
+	RENQ_TEST_QUEUE_PREFIX=$${RENQ_TEST_QUEUE_PREFIX:-chaostest.} \
+	RENQ_TEST_REDIS_URL=$${RENQ_TEST_REDIS_URL:-redis://127.0.0.1:6379/8}
+chaos: setup
+	rm -f .run/chaos-report.txt
+	$(CHAOS_ENV) RENQ_CHAOS_FULL=1 RENQ_CHAOS_REAL_SERVICES=$${RENQ_CHAOS_REAL_SERVICES:-1} \
+	  $(PY) -m pytest tests/chaos -m "chaos or chaos_full" -p no:cacheprovider -q; \
+	  status=$$?; cat .run/chaos-report.txt 2>/dev/null; exit $$status
+
+# schemathesis against /api/schema/ (a real gunicorn, authenticated as a tenant), with many
+# more cases than the test in `make test`; prints the report and the number of cases.
+fuzz: setup
+	$(CHAOS_ENV) RENQ_FUZZ_MAX_EXAMPLES=$${RENQ_FUZZ_MAX_EXAMPLES:-100} \
+	  $(PY) -m pytest tests/inference/api/test_schema_fuzz.py -p no:cacheprovider -q -s
 
 demo: setup
 	$(PY) scripts/demo.py
