@@ -98,7 +98,7 @@ class Cluster:
         self.children[name] = child
         return child
 
-    def web(self, workers: int = 2) -> str:
+    def web(self, workers: int = 1) -> str:
         port = free_port()
         child = self._start(
             "web",
@@ -160,7 +160,12 @@ class Cluster:
 
     def wait_ready(self, name: str, timeout_s: float = 120) -> None:
         child = self.children[name]
-        child.wait_until(lambda: " ready." in child.log_tail(200_000), f"worker {name}", timeout_s)
+        # The whole log: a worker that starts on a backlog logs a lot after " ready.".
+        child.wait_until(
+            lambda: " ready." in child.log_path.read_text(errors="replace"),
+            f"worker {name}",
+            timeout_s,
+        )
 
     def gpu_worker(self, name: str = "gpu", services=("noop",), **kwargs) -> ChildProcess:
         from inference.queues import service_queues
@@ -170,6 +175,7 @@ class Cluster:
     def control_worker(self, **kwargs) -> ChildProcess:
         from inference.queues import control_queue
 
+        # One pool process: PostgreSQL's connection slots are shared with whatever else runs.
         return self.worker("control", [control_queue()], beat=True, **kwargs)
 
     def io_worker(self, name: str = "io", **kwargs) -> ChildProcess:
@@ -444,6 +450,21 @@ def ledger(
         if n > 1 or (status == JobStatus.SUCCEEDED and n != 1):
             report.duplicated += 1
     report.retried = leaves.filter(attempts__gt=1).count()
+    last = (
+        Job.objects.filter(pk__in=accepted + phantoms, finished_at__isnull=False)
+        .order_by("-finished_at")
+        .first()
+    )
+    if last is not None:
+        # The last job to finish, step by step (seconds after it was created): where a slow
+        # recovery comes from.
+        def after(moment) -> str:
+            return f"{(moment - last.created_at).total_seconds():.1f}" if moment else "-"
+
+        report.extra["last_job"] = (
+            f"{last.pk}:published+{after(last.published_at)}/claimed+{after(last.claimed_at)}"
+            f"/finished+{after(last.finished_at)}/attempts={last.attempts}"
+        )
     return report
 
 
