@@ -74,8 +74,9 @@ fuzz: setup
 demo: setup
 	$(PY) scripts/demo.py
 
+# BENCH_ARGS, e.g. "--quick --only noop,priority --results-dir /tmp/bench" (bench/run_all.py).
 bench: setup
-	$(PY) bench/run_all.py
+	$(PY) bench/run_all.py $(BENCH_ARGS)
 
 lint: venv
 	$(PY) -m ruff check .

