@@ -7,5 +7,6 @@ class InferenceConfig(AppConfig):
     verbose_name = "Inference jobs"
 
     def ready(self) -> None:
-        # Connects the admin-change receiver of the audit trail.
-        from inference import audit  # noqa: F401
+        # Connects the receivers: the audit trail's admin changes, and the per-process caches
+        # dropped when the configuration change marker moves.
+        from inference import audit, lookups  # noqa: F401

@@ -14,6 +14,7 @@ import time
 from django.utils import timezone
 from rest_framework import authentication, exceptions
 
+from inference import lookups
 from inference.models import ApiKey
 from renq_site.shared_redis import shared_redis
 
@@ -40,23 +41,23 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
             raise exceptions.AuthenticationFailed(
                 "Authorization header must be 'Bearer <api key>'."
             )
-        failures_key = _failures_key(request)
-        failures = shared_redis().get(failures_key)
-        if failures is not None and int(failures) >= MAX_FAILED_AUTH_PER_MINUTE:
-            raise exceptions.Throttled(
-                wait=60 - time.time() % 60, detail="Too many failed authentications."
-            )
         plaintext = key.strip()
-        api_key = ApiKey.objects.authenticate(plaintext)
+        api_key = lookups.api_key(plaintext)
         if (
             api_key is None
             or not hmac.compare_digest(api_key.hashed_key, ApiKey.hash(plaintext))
             or (api_key.expires_at is not None and api_key.expires_at <= timezone.now())
         ):
+            # Counted only when wrong: a valid key costs no Redis round trip.
+            failures_key = _failures_key(request)
             pipe = shared_redis().pipeline()
             pipe.incr(failures_key)
             pipe.expire(failures_key, 120)
-            pipe.execute()
+            failures, _ = pipe.execute()
+            if int(failures) > MAX_FAILED_AUTH_PER_MINUTE:
+                raise exceptions.Throttled(
+                    wait=60 - time.time() % 60, detail="Too many failed authentications."
+                )
             raise exceptions.AuthenticationFailed("Invalid, revoked or expired API key.")
         return api_key.tenant, api_key
 

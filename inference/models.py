@@ -8,10 +8,23 @@ import uuid
 
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
+from django.dispatch import Signal
 from django.utils import timezone
 
 from inference.tiers import PLAN_BOOST, Plan, Tier
 from inference.transitions import TERMINAL_STATUSES, JobQuerySet, JobStatus
+
+# Sent after a bulk UPDATE of services, tenants or keys (a QuerySet.update sends no post_save): the
+# configuration change marker moves, so cached copies (inference.lookups) are dropped.
+rows_updated = Signal()
+
+
+class ChangeMarkedQuerySet(models.QuerySet):
+    def update(self, **kwargs) -> int:
+        updated = super().update(**kwargs)
+        if updated:
+            rows_updated.send(sender=self.model)
+        return updated
 
 
 class Tenant(models.Model):
@@ -38,6 +51,8 @@ class Tenant(models.Model):
     )
     created_at = models.DateTimeField(auto_now_add=True)
 
+    objects = ChangeMarkedQuerySet.as_manager()
+
     class Meta:
         ordering = ["name"]
 
@@ -52,7 +67,7 @@ class Tenant(models.Model):
         return PLAN_BOOST[self.plan]
 
 
-class ApiKeyManager(models.Manager["ApiKey"]):
+class ApiKeyManager(models.Manager.from_queryset(ChangeMarkedQuerySet)):
     def issue(self, tenant: Tenant, label: str = "default") -> tuple[ApiKey, str]:
         """Create a key and return it with its plaintext, which is never stored or shown again."""
         plaintext = "rq_" + secrets.token_urlsafe(32)
@@ -151,6 +166,8 @@ class Service(models.Model):
         help_text="Most texts/documents one job may carry.",
     )
     active = models.BooleanField(default=True)
+
+    objects = ChangeMarkedQuerySet.as_manager()
 
     class Meta:
         ordering = ["name"]

@@ -11,6 +11,7 @@ next worker claims it afresh, so a duplicate message never runs it twice.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -51,18 +52,36 @@ def tier_target_s(service: Service, tier: str) -> float:
     return NON_INTERACTIVE_TARGET_S[tier]
 
 
+# A routing decision needs the local backlog, not to the job: one COUNT per service and tier
+# serves every submission in this window (at hundreds of submissions a second).
+JOBS_AHEAD_TTL_S = 0.25
+_jobs_ahead: dict[tuple[int, str], tuple[float, int]] = {}
+
+
 def jobs_ahead(service: Service, tier: str) -> int:
     """Queued jobs of the service in this tier or a higher one (workers serve higher tiers
     first) that wait for the local workers, plus the jobs running now. One indexed COUNT in
-    Postgres, the record of truth (RabbitMQ's depth misses jobs pulled into a batch window)."""
+    Postgres, the record of truth (RabbitMQ's depth misses jobs pulled into a batch window),
+    reused for JOBS_AHEAD_TTL_S."""
+    key = (service.pk, str(tier))
+    now = time.monotonic()
+    cached = _jobs_ahead.get(key)
+    if cached is not None and cached[0] > now:
+        return cached[1]
     served_first = [t.value for t in TIER_ORDER[: Tier(tier).rank + 1]]
     on_cloud = Q(route__backend__kind="openai")
-    return (
+    count = (
         Job.objects.filter(service=service)
         .filter(Q(status=JobStatus.QUEUED, tier__in=served_first) | Q(status=JobStatus.RUNNING))
         .exclude(on_cloud)
         .count()
     )
+    _jobs_ahead[key] = (now + JOBS_AHEAD_TTL_S, count)
+    return count
+
+
+def forget_backlog_counts() -> None:
+    _jobs_ahead.clear()
 
 
 @dataclass
@@ -124,14 +143,32 @@ def record_decision(job: Job, decision: RoutingDecision) -> JobRoute:
     return route
 
 
-def route_on_submit(job: Job, router: Router | None = None) -> None:
-    """Choose the job's backend and record why; nothing for a service without a route."""
-    decision = (router or Router()).choose(routing_request(job))
-    if decision is not None and decision.backend is not None:
-        record_decision(job, decision)
-    else:
-        # Cache "no route" on the job, so the publish after commit knows it without a query.
-        Job.route.related.set_cached_value(job, None)
+def route_on_submit(jobs: Sequence[Job], router: Router | None = None) -> None:
+    """Choose each new job's backend and record why, in one INSERT; nothing for a service
+    without a route. Jobs of one request that share service and tier share one decision."""
+    router = router or Router()
+    decisions: dict[tuple[int, str], RoutingDecision | None] = {}
+    routes = []
+    for job in jobs:
+        key = (job.service_id, job.tier)
+        if key not in decisions:
+            decisions[key] = router.choose(routing_request(job))
+        decision = decisions[key]
+        if decision is None or decision.backend is None:
+            # Cache "no route" on the job: the publish after commit knows it without a query.
+            Job.route.related.set_cached_value(job, None)
+            continue
+        route = JobRoute(
+            job=job,
+            backend=decision.backend,
+            reason=decision.reason[:4000],
+            predicted_local_wait_s=decision.predicted_local_wait_s,
+            scores=decision.scores,
+        )
+        job.route = route
+        routes.append(route)
+    if routes:
+        JobRoute.objects.bulk_create(routes)
 
 
 def hand_on(

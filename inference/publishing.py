@@ -31,6 +31,8 @@ FINISH_BULK_TASK = "inference.finish_bulk"
 FAIL_BULK_TASK = "inference.fail_bulk"
 # Never consumed by renq: the message is the record (`renq.dead`, inspect it with RabbitMQ).
 DEAD_LETTER_TASK = "inference.dead_letter"
+# Most jobs one dispatch message carries (jobs submitted together, bound for one tier queue).
+MAX_JOBS_PER_MESSAGE = 64
 # How long a consumer count read from RabbitMQ is trusted (one round trip per queue).
 CONSUMER_COUNT_TTL_S = 1.0
 
@@ -80,12 +82,13 @@ def destination(job: Job) -> Destination:
     )
 
 
-def _send(job: Job) -> bool:
-    target = destination(job)
+def _send(jobs: Sequence[Job]) -> bool:
+    target = destination(jobs[0])
+    args = list(target.args) if len(jobs) == 1 else [[str(job.pk) for job in jobs]]
     try:
         app.send_task(
             target.task,
-            args=list(target.args),
+            args=args,
             queue=target.queue,
             priority=target.priority,
             # Each publish gets its own id; Postgres, not the message id, makes runs unique.
@@ -93,8 +96,9 @@ def _send(job: Job) -> bool:
         )
     except Exception:  # noqa: BLE001 - any broker failure leaves the job for the sweeper
         logger.warning(
-            "publishing job %s to %s failed; the sweeper will retry",
-            job.pk,
+            "publishing %d job(s) (%s…) to %s failed; the sweeper will retry",
+            len(jobs),
+            jobs[0].pk,
             target.queue,
             exc_info=True,
         )
@@ -104,17 +108,36 @@ def _send(job: Job) -> bool:
 
 def publish_many(jobs: Sequence[Job]) -> int:
     """Publish the jobs' dispatch messages (with publisher confirms) and record, in one
-    UPDATE, which RabbitMQ confirmed. A job whose publish failed keeps no published_at and
-    `republish_unpublished` sends it later, so an accepted job is never lost. Stops at the
-    first failure: the broker is away, the sweeper will do the rest."""
+    UPDATE, which RabbitMQ confirmed. Jobs bound for the same tier queue travel together, up
+    to MAX_JOBS_PER_MESSAGE in one message (one publish and one confirm instead of one per
+    job; the worker claims them together). A job whose publish failed keeps no published_at
+    and `republish_unpublished` sends it later, so an accepted job is never lost. Stops at
+    the first failure: the broker is away, the sweeper will do the rest."""
     sent = []
-    for job in jobs:
-        if not _send(job):
+    for group in _messages(jobs):
+        if not _send(group):
             break
-        sent.append(job.pk)
+        sent.extend(job.pk for job in group)
     if sent:
         Job.objects.filter(pk__in=sent).mark_published()
     return len(sent)
+
+
+def _messages(jobs: Sequence[Job]) -> list[list[Job]]:
+    groups: dict[tuple[str, int], list[Job]] = {}
+    messages: list[list[Job]] = []
+    for job in jobs:
+        target = destination(job)
+        if target.task != RUN_JOB_TASK or job.parent_id is not None:
+            messages.append([job])  # one per job: cloud calls, chord members
+            continue
+        key = (target.queue, target.priority)
+        group = groups.setdefault(key, [])
+        group.append(job)
+        if len(group) == MAX_JOBS_PER_MESSAGE:
+            messages.append(groups.pop(key))
+    messages.extend(groups.values())
+    return messages
 
 
 def publish(job: Job) -> bool:

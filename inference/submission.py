@@ -26,6 +26,7 @@ from inference.admission import (
 from inference.audit import record_event, record_receipts
 from inference.inputs import InputError, check_storable_text
 from inference.kinds import kind_of, validate_input
+from inference.lookups import active_service
 from inference.models import Job, JobStatus, Service, Tenant
 from inference.placement import route_on_submit
 from inference.publishing import publish_many_on_commit
@@ -45,11 +46,11 @@ def resolve_service(name: Any) -> Service:
         raise InputError("service", "is required and must be a service name.")
     # A NUL or a lone surrogate cannot even be sent to PostgreSQL in a query (a 500 otherwise).
     check_storable_text(name, "service")
-    try:
-        return Service.objects.get(name=name, active=True)
-    except Service.DoesNotExist:
+    service = active_service(name)
+    if service is None:
         known = ", ".join(Service.objects.filter(active=True).values_list("name", flat=True))
-        raise InputError("service", f"unknown service '{name}'; known: {known}.") from None
+        raise InputError("service", f"unknown service '{name}'; known: {known}.")
+    return service
 
 
 def resolve_tier(priority: Any, tenant: Tenant) -> Tier:
@@ -181,8 +182,7 @@ def accept(
             created = Job.objects.bulk_create(
                 _new_job(tenant, requests[i], now, idempotency_key) for i in pending
             )
-            for job in created:
-                route_on_submit(job)
+            route_on_submit(created)
             record_receipts(created, actor=actor)
             publish_many_on_commit(created)
     except BaseException:

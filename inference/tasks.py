@@ -25,7 +25,7 @@ from inference.tiers import Tier
 from inference.workers.cloud import run_cloud_attempt
 from inference.workers.gpu import BatchRunner
 from inference.workers.sweeper import expire_overdue, sweep_jobs
-from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool
+from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool, message_job_ids
 from inference.workers.warmup import warm_engines_for_consumed_queues
 from renq_site.celery import app
 
@@ -63,12 +63,12 @@ def _requeue_after_outage(exc: BaseException) -> Reject:
 
 
 @shared_task(name="inference.run_job", bind=True)
-def run_job(self, job_id: str) -> dict:
+def run_job(self, job_id: str | list[str]) -> dict:
     info = self.request.delivery_info or {}
     tier = (info.get("routing_key") or "").rsplit(".", 1)[-1]
     try:
         report = _runner.run(
-            job_id,
+            message_job_ids(job_id),
             seed_redelivered=bool(info.get("redelivered")),
             seed_tier=tier if tier in Tier.values else None,
         )

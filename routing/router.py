@@ -31,6 +31,7 @@ the next untried, healthy entry at the same or a later order.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
@@ -80,15 +81,31 @@ class RoutingDecision:
     scores: dict[str, float] = field(default_factory=dict)
 
 
+# Routes change rarely and are read for every job: cached per process, dropped by the caller
+# when its configuration change marker moves (inference.lookups) or at ROUTE_CACHE_TTL_S.
+ROUTE_CACHE_TTL_S = 5.0
+_routes: dict[int, tuple[float, list[RouteEntry]]] = {}
+
+
 def route_entries(service_id: int) -> list[RouteEntry]:
     """The service's enabled route, in cascade order; [] when it has none."""
-    return list(
+    now = time.monotonic()
+    cached = _routes.get(service_id)
+    if cached is not None and cached[0] > now:
+        return cached[1]
+    entries = list(
         RouteEntry.objects.filter(
             route__service_id=service_id, route__enabled=True, backend__enabled=True
         )
         .select_related("backend", "route")
         .order_by("order", "id")
     )
+    _routes[service_id] = (now + ROUTE_CACHE_TTL_S, entries)
+    return entries
+
+
+def forget_routes() -> None:
+    _routes.clear()
 
 
 class Router:
@@ -177,6 +194,24 @@ class Router:
         if not entries:
             return None
         tier = request.tier
+        # The common case first: the local workers are there and fast enough. Then no cloud
+        # backend needs assessing (each costs rate-limit and breaker reads in Redis).
+        local_entry = next(
+            (e for e in entries if e.backend.adapter().placement is Placement.LOCAL_WORKERS), None
+        )
+        if local_entry is not None:
+            local = self.assess(local_entry, request)
+            if local.available:
+                wait = request.workers.predicted_wait()
+                if wait.meets_target:
+                    return RoutingDecision(
+                        local.backend,
+                        f"local: predicted wait {wait.wait_s:.2f} s ({wait.jobs_ahead} jobs at "
+                        f"{wait.throughput_jobs_s:.1f}/s) meets the {tier} target "
+                        f"{wait.target_s:g} s",
+                        wait.wait_s,
+                        {local.backend.name: round(wait.wait_s, 6)},
+                    )
         candidates = [self.assess(entry, request) for entry in entries]
         self.score(candidates)
         scores = {c.backend.name: round(c.score, 6) for c in candidates if c.score is not None}

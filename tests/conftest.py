@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -59,6 +60,18 @@ def _fresh_redis():
 
     shared_redis.cache_clear()
     shared_redis().flushdb()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_caches():
+    """Each test sees its own rows: drop what this process cached from earlier tests."""
+    from inference.lookups import forget_all
+    from inference.placement import forget_backlog_counts
+    from inference.publishing import forget_consumer_counts
+
+    for forget in (forget_all, forget_backlog_counts, forget_consumer_counts):
+        forget()
     yield
 
 
@@ -141,6 +154,9 @@ class WorkerProcess:
             RENQ_TORCH_THREADS="1",
             PYTHONUNBUFFERED="1",
         )
+        # The prefix keeps two test runs on one machine from sharing a worker name (RabbitMQ
+        # locks each name's control queue to one connection).
+        self.node_name = f"{TEST_QUEUE_PREFIX.rstrip('.')}-{name}@{socket.gethostname()}"
         self.log_path = ROOT / ".run" / f"test-worker-{name}.log"
         self.log_path.parent.mkdir(exist_ok=True)
         self._log = open(self.log_path, "w")
@@ -159,7 +175,7 @@ class WorkerProcess:
                 "--pool",
                 pool,
                 "-n",
-                f"{name}@%h",
+                self.node_name.replace(socket.gethostname(), "%h"),
                 "--without-mingle",
                 "--without-gossip",
                 "-l",

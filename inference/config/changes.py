@@ -23,9 +23,10 @@ from datetime import datetime
 
 from django.db import connection
 from django.db.models.signals import post_delete, post_save
+from django.dispatch import Signal
 
 from inference.config.models import ConfigChange, ModelSpec, SchedulerSettings, ServiceModelLink
-from inference.models import Service
+from inference.models import ApiKey, Service, Tenant, rows_updated
 from routing.models import Backend, Route, RouteEntry
 
 # Upsert of the single row; the database's clock, so every host compares against one clock,
@@ -43,9 +44,14 @@ _batched: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 
 
+# Sent in this process after every bump: its own caches need not wait for the next poll.
+config_changed = Signal()
+
+
 def bump_config_change() -> None:
     with connection.cursor() as cursor:
         cursor.execute(_BUMP_SQL)
+    config_changed.send(sender=None)
 
 
 @contextlib.contextmanager
@@ -109,6 +115,10 @@ def _on_config_saved(**_kwargs) -> None:
 def connect_signals() -> None:
     for model in (
         Service,
+        # Tenants and keys too: the web processes cache them (inference.lookups), and a revoked
+        # key or a changed quota must take effect everywhere within a second.
+        Tenant,
+        ApiKey,
         ModelSpec,
         ServiceModelLink,
         SchedulerSettings,
@@ -119,3 +129,4 @@ def connect_signals() -> None:
         uid = f"renq-config-change-{model._meta.label_lower}"
         post_save.connect(_on_config_saved, sender=model, dispatch_uid=uid + "-save")
         post_delete.connect(_on_config_saved, sender=model, dispatch_uid=uid + "-delete")
+    rows_updated.connect(_on_config_saved, dispatch_uid="renq-config-change-bulk-update")

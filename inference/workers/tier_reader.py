@@ -66,9 +66,16 @@ class WeightedShare:
             self.counts[tier] = self.fractions[tier] * sum(self.counts.values())
 
 
+def message_job_ids(first_arg) -> list[str]:
+    """A dispatch message carries one job id, or a list of them (jobs submitted together)."""
+    if isinstance(first_arg, list):
+        return [str(job_id) for job_id in first_arg]
+    return [str(first_arg)]
+
+
 @dataclass
 class PulledMessage:
-    job_id: str
+    job_ids: list[str]
     tier: Tier
     message: Message
 
@@ -111,8 +118,9 @@ class TierQueueReader:
                 self.share.idle(tier)
                 continue
             self.share.served(tier)
-            args = message.decode()[0]
-            return PulledMessage(job_id=str(args[0]), tier=tier, message=message)
+            return PulledMessage(
+                job_ids=message_job_ids(message.decode()[0][0]), tier=tier, message=message
+            )
         return None
 
     def close(self) -> None:

@@ -47,6 +47,7 @@ def test_enterprise_before_pro_before_free_within_a_tier(
     celery_worker_process, make_tenant, make_service
 ):
     make_service("noop", batch_size=1)
+    BatchCostModel("noop", "cpu").observe_batch(0.205, 200)  # as if measured: ~1 ms/token
     blocker_tenant, _ = make_tenant("blocker", plan="free")
     blocker = submit(blocker_tenant, "noop", sleep_ms=3000, priority="api")
     # The worker holds the blocker (its api consumer's one unacked message): the next three

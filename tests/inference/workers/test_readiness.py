@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 
 import pytest
@@ -31,7 +30,7 @@ def probe_until_settled(name: str, timeout_s: float = 90):
 def test_a_warm_gpu_worker_is_ready_and_names_its_services(make_service, capsys):
     make_service("embedding", name="probeembed")
     worker = WorkerProcess(services=("probeembed",), name="probe")
-    name = f"probe@{socket.gethostname()}"
+    name = worker.node_name
     try:
         result = probe_until_settled(name)
         assert result.ready, result.detail
@@ -46,7 +45,7 @@ def test_a_worker_whose_model_did_not_load_is_not_ready(make_service):
     make_service("embedding", name="brokenembed", model_ref="fixtures/models/no-such-model")
     worker = WorkerProcess(services=("brokenembed",), name="broken")
     try:
-        result = probe_until_settled(f"broken@{socket.gethostname()}")
+        result = probe_until_settled(worker.node_name)
         assert not result.ready
         assert "could not load the model of brokenembed" in result.detail
     finally:
@@ -59,7 +58,7 @@ def test_an_io_worker_needs_no_model(make_service):
     worker = WorkerProcess(services=(), name="probeio", extra_queues=tuple(io_queues()),
                            pool="threads")  # fmt: skip
     try:
-        result = probe_until_settled(f"probeio@{socket.gethostname()}")
+        result = probe_until_settled(worker.node_name)
         assert result.ready, result.detail
     finally:
         worker.stop()

@@ -1,0 +1,64 @@
+"""Per-process caches of what every request reads and seldom changes: API keys (with their
+tenant) and services by name. They are dropped whenever the configuration change marker moves
+(inference.config.changes: any save of a service, tenant, key, backend or route bumps it), and
+the marker is read at most once a second, so a revoked key or a changed quota takes effect in
+every web process within about a second, and a request costs no query for either lookup."""
+
+from __future__ import annotations
+
+import threading
+
+from inference.config.changes import ConfigWatcher, config_changed
+from inference.models import ApiKey, Service
+from routing.router import forget_routes
+
+# How often (s) a web process looks at the change marker: the staleness bound of the caches.
+RECHECK_INTERVAL_S = 1.0
+
+_lock = threading.Lock()
+_watcher = ConfigWatcher(min_interval_s=RECHECK_INTERVAL_S)
+_keys: dict[str, ApiKey | None] = {}
+_services: dict[str, Service | None] = {}
+
+
+def _fresh() -> None:
+    with _lock:
+        if _watcher.changed():
+            _keys.clear()
+            _services.clear()
+            forget_routes()
+
+
+def api_key(plaintext: str) -> ApiKey | None:
+    """The active, unrevoked key with its tenant loaded, or None. Unknown keys are not cached
+    (a guess must not fill memory); their cost is bounded by the brute-force limit."""
+    _fresh()
+    digest = ApiKey.hash(plaintext)
+    if digest in _keys:
+        return _keys[digest]
+    key = ApiKey.objects.authenticate(plaintext)
+    if key is not None:
+        _keys[digest] = key
+    return key
+
+
+def active_service(name: str) -> Service | None:
+    _fresh()
+    if name not in _services:
+        _services[name] = Service.objects.filter(name=name, active=True).first()
+    return _services[name]
+
+
+def forget_all() -> None:
+    """Drop every cached row now (tests that change rows without saving them)."""
+    with _lock:
+        _keys.clear()
+        _services.clear()
+        forget_routes()
+
+
+def _changed_here(**_kwargs) -> None:
+    forget_all()
+
+
+config_changed.connect(_changed_here, dispatch_uid="renq-lookups-forget")
