@@ -326,11 +326,17 @@ class _Drain:
             time.sleep(min(POLL_INTERVAL_S, window.remaining_s()))
 
     def admit(self, pm: PulledMessage, window: BatchWindow) -> None:
-        claim = Job.objects.claim(
-            pm.job_ids,
-            redelivered_ids=pm.job_ids if pm.redelivered else [],
-            worker=self.worker,
-        )
+        try:
+            claim = Job.objects.claim(
+                pm.job_ids,
+                redelivered_ids=pm.job_ids if pm.redelivered else [],
+                worker=self.worker,
+            )
+        except BaseException:
+            # Not in the ledger yet, so the run's failure handler would not hand it back: it
+            # would stay unacked on this reader's live channel until the lost-message sweep.
+            self.runner._settle(self.service.name, [pm], ack=False)
+            raise
         self.runner._note_claim(claim, self.report)
         if not claim.jobs:
             # Duplicates, cancelled, expired or finished jobs: nothing to run.

@@ -72,6 +72,11 @@ class LogWatch:
 
 
 REQUEUED = "message goes back to its queue"
+# Every accepted job final this soon after a fault ends: well under the lost-message sweep's
+# 30 s (inference.workers.sweeper.LOST_MESSAGE_AFTER_S), so a job that needed that sweep —
+# its message was taken and never handed back — fails the scenario instead of passing late.
+# The broker scenarios add the outbox sweep's 10 s for jobs accepted during the outage.
+SETTLED_WITHIN_S = 20.0
 
 
 def _recovery(tenant, restored_wall, restored_mono, timeout_s: float) -> float | None:
@@ -160,6 +165,7 @@ def broker_outage(s, outage_s: float, *, real_service: bool = False) -> None:
     )
     report_and_check(report)
     assert recovery_s is not None and recovery_s < 20, report.line()
+    assert report.final_after_s < SETTLED_WITHIN_S + 10, report.line()
     # Accepted into PostgreSQL (published later by the outbox sweep) or refused with 503.
     assert all(x.status in (202, 503) for x in during), report.line()
 
@@ -239,6 +245,7 @@ def postgres_outage(s, outage_s: float, *, real_service: bool = False) -> None:
     report_and_check(report)
     assert recovery_s is not None and recovery_s < 20, report.line()
     assert report.extra["worker_requeued"] > 0, "the fault never reached the worker"
+    assert report.final_after_s < SETTLED_WITHIN_S, report.line()
     # While the database is away the API says so: 503 with Retry-After.
     assert during and all(x.status == 503 for x in during), report.line()
 
@@ -297,6 +304,7 @@ def postgres_exhausted(s, outage_s: float, backlog: int) -> None:
     )
     report_and_check(report)
     assert report.extra["worker_requeued"] > 0, "the fault never reached the worker"
+    assert report.final_after_s < SETTLED_WITHIN_S, report.line()
     assert report.completed == report.accepted, report.line()
 
 
