@@ -19,8 +19,9 @@ from django.utils import timezone
 
 from inference.admission import check_running_jobs, reserve_counters
 from inference.audit import record_receipts
+from inference.cost_model import BatchCostModel, preemption_budget_s
 from inference.inputs import InputError
-from inference.kinds import kind_of
+from inference.kinds import CHARS_PER_TOKEN, kind_of
 from inference.models import Job, JobStatus, Service, Tenant
 from inference.publishing import publish_bulk
 from inference.submission import resolve_service, resolve_tier
@@ -32,11 +33,23 @@ BULK_TIERS = (Tier.BATCH, Tier.OFFLINE)
 BULK_OPTIONS = {"query", "top_n", "normalize", "max_tokens", "temperature"}
 
 
-def piece_size(service: Service) -> int:
-    # One LLM piece per prompt (a job is one prompt); otherwise a piece is one full batch.
-    if kind_of(service.kind).one_item_per_piece:
+def piece_size(service: Service, items: list) -> int:
+    """Items per piece. One LLM piece per prompt (a job is one prompt). Otherwise as many as
+    fit the preemption budget on the slowest device measured (a piece runs as one job, so it
+    must not hold a realtime job up longer than a batch may), at least batch_size, at most
+    max_items_per_job: larger pieces mean fewer tasks, claims and stores per item."""
+    kind = kind_of(service.kind)
+    if kind.one_item_per_piece:
         return 1
-    return max(1, min(service.batch_size, service.max_items_per_job))
+    floor = max(1, min(service.batch_size, service.max_items_per_job))
+    models = BatchCostModel.measured(service.name).values()
+    if not models or not items:
+        return floor
+    slowest = max(models, key=lambda cost: cost.per_token_s)
+    sample = items[: min(len(items), 256)]
+    tokens_per_item = max(1.0, sum(len(str(i)) for i in sample) / len(sample) / CHARS_PER_TOKEN)
+    fitting = int(slowest.tokens_within(preemption_budget_s(service)) / tokens_per_item)
+    return max(floor, min(fitting, service.max_items_per_job))
 
 
 def split_bulk(service: Service, payload: Any) -> list[dict]:
@@ -60,7 +73,7 @@ def split_bulk(service: Service, payload: Any) -> list[dict]:
     if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
         raise InputError("input.top_n", "must be a positive integer.")
     # Validate every piece with the single-job rules, reporting the bulk-level index.
-    size = piece_size(service)
+    size = piece_size(service, items)
     pieces = []
     for start in range(0, len(items), size):
         piece = kind.bulk_piece(payload, items[start : start + size])
