@@ -85,7 +85,7 @@ DATABASES = {
         os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/renq"),
         # Health checks instead of long-lived blind reuse: a worker must survive a Postgres
         # restart without "connection already closed" (celery#2996).
-        conn_max_age=60,
+        conn_max_age=int(os.environ.get("RENQ_DB_CONN_MAX_AGE", "60")),
         conn_health_checks=True,
     )
 }

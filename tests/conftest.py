@@ -32,6 +32,9 @@ def pytest_configure(config):
     # The fake upstream's key, set before any worker process starts: the router skips a cloud
     # backend whose key variable is unset, in whichever process decides (web, GPU or I/O worker).
     os.environ.setdefault("RENQ_TEST_FAKE_API_KEY", "sk-test-fake")
+    # The suite starts many processes (workers, web servers, a chaos cluster); connections
+    # closed after each task or request keep them under PostgreSQL's max_connections (100).
+    os.environ["RENQ_DB_CONN_MAX_AGE"] = "0"
     from django.conf import settings
 
     settings.RENQ_QUEUE_PREFIX = TEST_QUEUE_PREFIX
