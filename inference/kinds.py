@@ -95,6 +95,11 @@ def _merge_completions(bulk_input: dict, results: list[dict]) -> dict:
     return {"completions": results}
 
 
+def _texts_piece(bulk: dict, chunk: list) -> dict:
+    """A piece of a bulk over texts: the bulk's options, with its share of the texts."""
+    return {k: v for k, v in bulk.items() if k != "texts"} | {"texts": chunk}
+
+
 def _llm_piece(bulk: dict, chunk: list) -> dict:
     piece = {"prompt": chunk[0]}
     for name in ("max_tokens", "temperature"):
@@ -110,9 +115,7 @@ KINDS: dict[str, ServiceKindSpec] = {
         engine_path="inference.engines.embedding.EmbeddingEngine",
         warmup_payload={"texts": ["warm up"]},
         bulk_items_field="texts",
-        bulk_piece=lambda bulk, chunk: (
-            {k: v for k, v in bulk.items() if k != "texts"} | {"texts": chunk}
-        ),
+        bulk_piece=_texts_piece,
         bulk_merge=_merge_embeddings,
         estimate_tokens=_estimate_embedding,
     ),
@@ -144,9 +147,7 @@ KINDS: dict[str, ServiceKindSpec] = {
         engine_path="inference.engines.noop.NoopEngine",
         warmup_payload={"texts": ["warm up"]},
         bulk_items_field="texts",
-        bulk_piece=lambda bulk, chunk: (
-            {k: v for k, v in bulk.items() if k != "texts"} | {"texts": chunk}
-        ),
+        bulk_piece=_texts_piece,
         bulk_merge=lambda bulk_input, results: {"count": sum(r["count"] for r in results)},
         estimate_tokens=_estimate_embedding,
     ),
