@@ -10,6 +10,7 @@ PostgreSQL, RabbitMQ and Redis (never in `make test`: CI and other developers sh
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -104,5 +105,11 @@ def scenario(cluster, proxies, transactional_db, make_tenant, make_service):
         total_timeout=900,
     )
     tenant, key = make_tenant("chaos", plan="pro", tier="api")
+    # The web processes cache services by name and look for configuration changes once a
+    # second (inference.lookups): the previous scenario's "noop" (gone with the flush, which
+    # sends no signal) must not be used for the first submissions.
+    from inference.lookups import RECHECK_INTERVAL_S
+
+    time.sleep(RECHECK_INTERVAL_S + 0.5)
     yield Scenario(cluster, proxies, tenant, key, service, Clients(cluster.web_url, key))
     proxies.restore_all()

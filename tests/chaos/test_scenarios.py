@@ -75,7 +75,8 @@ REQUEUED = "message goes back to its queue"
 # Every accepted job final this soon after a fault ends: well under the lost-message sweep's
 # 30 s (inference.workers.sweeper.LOST_MESSAGE_AFTER_S), so a job that needed that sweep —
 # its message was taken and never handed back — fails the scenario instead of passing late.
-# The broker scenarios add the outbox sweep's 10 s for jobs accepted during the outage.
+# The broker scenarios allow 5 s more: jobs accepted during the outage wait for the outbox
+# sweep (10 s after they were accepted).
 SETTLED_WITHIN_S = 20.0
 
 
@@ -165,7 +166,7 @@ def broker_outage(s, outage_s: float, *, real_service: bool = False) -> None:
     )
     report_and_check(report)
     assert recovery_s is not None and recovery_s < 20, report.line()
-    assert report.final_after_s < SETTLED_WITHIN_S + 10, report.line()
+    assert report.final_after_s < SETTLED_WITHIN_S + 5, report.line()
     # Accepted into PostgreSQL (published later by the outbox sweep) or refused with 503.
     assert all(x.status in (202, 503) for x in during), report.line()
 
@@ -233,7 +234,10 @@ def postgres_outage(s, outage_s: float, *, real_service: bool = False) -> None:
         bound_s=90,
         started_at=restored,
     )
-    during = [x for x in s.clients.submissions if restored - outage_s + 0.5 <= x.at <= restored]
+    # Sent well inside the outage (a request sent just before the restore may be served).
+    during = [
+        x for x in s.clients.submissions if restored - outage_s + 0.5 <= x.at <= restored - 0.5
+    ]
     report.extra.update(
         during_outage={
             code: sum(1 for x in during if x.status == code)
