@@ -108,7 +108,7 @@ def validate_reranker(payload: Any, *, max_items: int, field: str = "input") -> 
 
 def validate_llm(payload: Any, *, max_items: int, field: str = "input") -> dict:
     payload = _require_dict(payload, field)
-    _reject_unknown(payload, {"prompt", "max_tokens", "temperature"}, field)
+    _reject_unknown(payload, {"prompt", "max_tokens", "temperature", "stream"}, field)
     prompt = payload.get("prompt")
     if not isinstance(prompt, str) or not prompt.strip():
         raise InputError(f"{field}.prompt", "must be a non-empty string.")
@@ -129,7 +129,14 @@ def validate_llm(payload: Any, *, max_items: int, field: str = "input") -> dict:
         raise InputError(f"{field}.temperature", "must be a number from 0 to 2.")
     if not 0.0 <= float(temperature) <= 2.0:
         raise InputError(f"{field}.temperature", "must be a number from 0 to 2.")
-    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": float(temperature)}
+    clean = {"prompt": prompt, "max_tokens": max_tokens, "temperature": float(temperature)}
+    stream = payload.get("stream", False)
+    if not isinstance(stream, bool):
+        raise InputError(f"{field}.stream", "must be true or false.")
+    if stream:
+        # The worker publishes the text as it is generated (inference.streaming).
+        clean["stream"] = True
+    return clean
 
 
 MAX_NOOP_SLEEP_MS = 60_000

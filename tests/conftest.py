@@ -35,6 +35,9 @@ def pytest_configure(config):
     # The suite starts many processes (workers, web servers, a chaos cluster); connections
     # closed after each task or request keep them under PostgreSQL's max_connections (100).
     os.environ["RENQ_DB_CONN_MAX_AGE"] = "0"
+    # Tests recreate services and keys within a second of each other: web processes look at
+    # the configuration change marker on every request instead of once a second.
+    os.environ["RENQ_CONFIG_RECHECK_S"] = "0"
     from django.conf import settings
 
     settings.RENQ_QUEUE_PREFIX = TEST_QUEUE_PREFIX

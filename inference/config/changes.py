@@ -101,7 +101,9 @@ class ConfigWatcher:
             # The first look records where we stand; the process just loaded everything.
             self._primed, self._seen = True, last
             return False
-        if last is not None and (self._seen is None or last > self._seen):
+        # Any move counts, backwards or to nothing too (a restored or emptied database): a
+        # cache kept across it would hold rows that are gone.
+        if last != self._seen:
             self._seen = last
             return True
         return False

@@ -9,10 +9,16 @@ batch-mates.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 
 from inference.engines.base import Engine, pad_token_rows
 from inference.inputs import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
@@ -97,7 +103,11 @@ class LlmEngine(Engine):
         prompt_length = len(self._encode_prompt(payload["prompt"]))
         return prompt_length + self._new_token_budget(prompt_length, payload)
 
-    def run_batch(self, payloads: list[dict]) -> list[dict]:
+    def run_batch(
+        self, payloads: list[dict], *, on_text: Callable[[int, str], None] | None = None
+    ) -> list[dict]:
+        """`on_text(job_index, new_text)` is called after each decode step for every job
+        whose payload asks to stream, with the text generated since the last call."""
         prompts = [self._encode_prompt(payload["prompt"]) for payload in payloads]
         budgets = [
             self._new_token_budget(len(ids), payload)
@@ -117,8 +127,21 @@ class LlmEngine(Engine):
                 lengths = [len(prompts[j]) for j in job_indices]
                 for bucket in self.plan_buckets(lengths):
                     members = [job_indices[i] for i in bucket]
+                    streamed = {
+                        row: job_index
+                        for row, job_index in enumerate(members)
+                        if on_text is not None and payloads[job_index].get("stream")
+                    }
+                    relay = (
+                        StreamedText(self.tokenizer, self.eos_token_ids, streamed, on_text)
+                        if streamed
+                        else None
+                    )
                     generated = self._generate(
-                        [prompts[j] for j in members], max(budgets[j] for j in members), temperature
+                        [prompts[j] for j in members],
+                        max(budgets[j] for j in members),
+                        temperature,
+                        relay=relay,
                     )
                     for job_index, new_tokens in zip(members, generated, strict=True):
                         results[job_index] = self._completion_result(
@@ -127,7 +150,12 @@ class LlmEngine(Engine):
         return [results[job_index] for job_index in range(len(payloads))]
 
     def _generate(
-        self, prompts: Sequence[list[int]], max_new_tokens: int, temperature: float
+        self,
+        prompts: Sequence[list[int]],
+        max_new_tokens: int,
+        temperature: float,
+        *,
+        relay: StreamedText | None = None,
     ) -> list[list[int]]:
         """Run one generate() call; return each row's new tokens (the prompt stripped)."""
         if max_new_tokens == 0:
@@ -144,6 +172,9 @@ class LlmEngine(Engine):
             generation_config=self._generation_config(max_new_tokens, temperature),
             # The payload alone decides decoding: no top-k/top-p/penalties from the model folder.
             use_model_defaults=False,
+            stopping_criteria=StoppingCriteriaList([relay.at(inputs["input_ids"].shape[1])])
+            if relay is not None
+            else None,
         )
         return output[:, inputs["input_ids"].shape[1] :].cpu().tolist()
 
@@ -186,3 +217,40 @@ def trim_completion(
         if token_id in eos_token_ids:
             return window[:position], position + 1, "stop"
     return window, len(window), "length"
+
+
+class StreamedText(StoppingCriteria):
+    """Called by generate() after every decode step (as a stopping criterion that never stops):
+    decodes the rows that stream and hands on the text each gained since the last step."""
+
+    def __init__(
+        self,
+        tokenizer,
+        eos_token_ids: Collection[int],
+        rows: dict[int, int],
+        on_text: Callable[[int, str], None],
+    ):
+        self.tokenizer = tokenizer
+        self.eos = set(eos_token_ids)
+        self.rows = rows  # generate() row → job index
+        self.on_text = on_text
+        self.sent = dict.fromkeys(rows, "")
+        self.prompt_width = 0
+
+    def at(self, prompt_width: int) -> StreamedText:
+        self.prompt_width = prompt_width
+        return self
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        new = input_ids[:, self.prompt_width :].tolist()
+        for row, job_index in self.rows.items():
+            ids = new[row]
+            ended = next((i for i, token in enumerate(ids) if token in self.eos), None)
+            text = self.tokenizer.decode(ids[:ended], skip_special_tokens=True)
+            # Only whole characters: a multi-byte character may span two tokens.
+            if text.endswith("\ufffd"):
+                continue
+            if len(text) > len(self.sent[row]) and text.startswith(self.sent[row]):
+                self.on_text(job_index, text[len(self.sent[row]) :])
+                self.sent[row] = text
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)

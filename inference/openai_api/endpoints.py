@@ -274,7 +274,7 @@ def _build_completion(body: dict, service: Service) -> tuple[dict, dict]:
     return payload, _generation_options(body, payload)
 
 
-def _completion_usage(job: Job) -> dict:
+def completion_usage(job: Job) -> dict:
     usage = job.result.get("usage") or {}
     prompt_tokens = int(usage.get("prompt_tokens", 0))
     completion_tokens = int(usage.get("completion_tokens", 0))
@@ -302,7 +302,7 @@ def _render_chat(job: Job, options: dict) -> dict:
                 "finish_reason": finish_reason,
             }
         ],
-        "usage": _completion_usage(job),
+        "usage": completion_usage(job),
     }
 
 
@@ -316,7 +316,7 @@ def _render_completion(job: Job, options: dict) -> dict:
         "created": _created(job),
         "model": job.service.name,
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
-        "usage": _completion_usage(job),
+        "usage": completion_usage(job),
     }
 
 

@@ -44,6 +44,9 @@ def submit(
     """Authenticate, translate and submit: one trip to the database thread per request."""
     tenant = authenticate(authorization)
     request = prepare(endpoint, body)
+    if isinstance(body, dict) and body.get("stream") is True:
+        # The worker publishes the text as it generates it (inference.streaming).
+        request.payload["stream"] = True
     try:
         job = submit_job(
             tenant=tenant,

@@ -16,7 +16,7 @@ from functools import wraps
 import redis
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from kombu.exceptions import OperationalError as BrokerError
 
@@ -25,6 +25,7 @@ from inference.openai_api import endpoints, jobs
 from inference.openai_api.db import in_db_thread
 from inference.openai_api.endpoints import ENDPOINTS, Endpoint
 from inference.openai_api.errors import OpenAIError, bad_request, model_not_found
+from inference.streaming import generated_text
 from inference.tiers import Tier
 from inference.waiting import wait_for_final_job
 
@@ -119,12 +120,12 @@ async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpRespo
     priority = requested_priority(request)
     deadline_ms = requested_deadline_ms(request)
     body = json_body(request)
-    if isinstance(body, dict) and body.get("stream"):
-        raise bad_request(
-            "stream=true is not supported yet; send the request without it.",
-            "stream",
-            code="stream_not_supported",
-        )
+    if isinstance(body, dict) and body.get("stream") not in (None, False):
+        if body["stream"] is not True:
+            raise bad_request("stream must be true or false.", "stream")
+        if endpoint.kind != "llm":
+            raise bad_request(f"{endpoint.path} does not stream.", "stream")
+        return await stream_answer(request, endpoint, body, priority, deadline_ms)
     job, job_request = await in_db_thread(
         jobs.submit, authorization(request), endpoint, body, priority, deadline_ms
     )
@@ -159,6 +160,84 @@ async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpRespo
     response = JsonResponse(answer)
     for name, value in headers.items():
         response[name] = value
+    return response
+
+
+async def stream_answer(
+    request: HttpRequest, endpoint: Endpoint, body: dict, priority, deadline_ms
+) -> StreamingHttpResponse:
+    """Server-Sent Events: `chat.completion.chunk` (or `text_completion`) chunks with the text
+    as the worker generates it, then the finish reason, the usage when
+    `stream_options.include_usage` asks for it, and `[DONE]`. Errors before the first byte are
+    ordinary OpenAI errors; after it, an `error` event."""
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise bad_request("stream_options must be an object.", "stream_options")
+    include_usage = bool(options.get("include_usage"))
+    job, job_request = await in_db_thread(
+        jobs.submit, authorization(request), endpoint, body, priority, deadline_ms
+    )
+    timeout_s = deadline_ms / 1000 if deadline_ms is not None else job_request.service.total_timeout
+    chat = endpoint.path == endpoints.CHAT_COMPLETIONS
+    stop = job_request.options.get("stop", [])
+
+    def chunk(text: str | None = None, finish_reason: str | None = None, usage=None) -> bytes:
+        if chat:
+            delta = {"role": "assistant", "content": text} if text is not None else {}
+            choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            kind = "chat.completion.chunk"
+        else:
+            choice = {"index": 0, "text": text or "", "logprobs": None,
+                      "finish_reason": finish_reason}  # fmt: skip
+            kind = "text_completion"
+        payload = {
+            "id": f"{'chatcmpl' if chat else 'cmpl'}-{job.pk}",
+            "object": kind,
+            "created": int(job.created_at.timestamp()),
+            "model": job_request.service.name,
+            "choices": [choice] if usage is None else [],
+        }
+        if include_usage:
+            payload["usage"] = usage
+        return f"data: {json.dumps(payload)}\n\n".encode()
+
+    async def events():
+        generated = ""  # everything the worker has sent
+        sent = ""  # what the client has been sent (stop sequences applied)
+        # A stop sequence may arrive in pieces: hold back its length minus one character.
+        hold = max((len(s) for s in stop), default=1) - 1
+
+        async def is_final() -> bool:
+            return await in_db_thread(jobs.read_final_job, job.pk) is not None
+
+        async for piece in generated_text(job.pk, is_final, timeout_s=timeout_s):
+            generated += piece
+            text, _ = endpoints.apply_stop(generated, "stop", stop)
+            ready = text if len(text) < len(generated) else text[: len(text) - hold]
+            if len(ready) > len(sent):
+                yield chunk(ready[len(sent) :])
+                sent = ready
+        final = await in_db_thread(jobs.read_final_job, job.pk)
+        if final is None or final.status != "succeeded":
+            reason = "did not finish in time" if final is None else (final.error or final.status)
+            error = {"message": f"job {job.pk}: {reason}", "type": "server_error",
+                     "param": None, "code": "job_failed"}  # fmt: skip
+            yield f"data: {json.dumps({'error': error})}\n\n".encode()
+            yield b"data: [DONE]\n\n"
+            return
+        text, finish_reason = endpoints.apply_stop(
+            final.result["text"], final.result.get("finish_reason", "stop"), stop
+        )
+        if len(text) > len(sent) and text.startswith(sent):
+            yield chunk(text[len(sent) :])
+        yield chunk(finish_reason=finish_reason)
+        if include_usage:
+            yield chunk(usage=endpoints.completion_usage(final))
+        yield b"data: [DONE]\n\n"
+
+    response = StreamingHttpResponse(events(), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Renq-Job-Id"] = str(job.pk)
     return response
 
 

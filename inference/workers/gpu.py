@@ -40,6 +40,7 @@ from inference.log_fields import job_fields
 from inference.models import Job, Service
 from inference.placement import fail_over_local_error, settle_local_outcomes
 from inference.publishing import dead_letter
+from inference.streaming import TextRelay
 from inference.tiers import Tier
 from inference.transitions import Claim, Outcome
 from inference.workers import worker_identity
@@ -361,6 +362,11 @@ class _Drain:
                 outcomes[0].inference_ms / 1000, sum(h.item.tokens for h in batch)
             )
         metrics.observe_batch(self.service, outcomes)
+        for outcome in outcomes:
+            if outcome.result and "first_token_ms" in outcome.result:
+                metrics.observe_time_to_first_token(
+                    self.service.name, outcome.result["first_token_ms"] / 1000
+                )
         by_token: dict = {}
         for held, outcome in zip(batch, outcomes, strict=True):
             by_token.setdefault(held.claim.token, []).append(outcome)
@@ -383,8 +389,16 @@ def forward_pass(engine, jobs: list[Job], tokens: list[int]) -> list[Outcome]:
     """Run the jobs together (in the model thread); one outcome per job, in order."""
     started_at = timezone.now()
     started = time.perf_counter()
+    payloads = [engine_payload(job) for job in jobs]
+    relay = None
+    if any(payload.get("stream") for payload in payloads):
+        # Generated text goes out as it is produced (inference.streaming).
+        relay = TextRelay({i: job.pk for i, job in enumerate(jobs)})
     try:
-        results = engine.run_batch([engine_payload(job) for job in jobs])
+        if relay is not None:
+            results = engine.run_batch(payloads, on_text=relay)
+        else:
+            results = engine.run_batch(payloads)
     except Exception as exc:
         if len(jobs) == 1:
             logger.exception("job %s failed", jobs[0].pk, extra=job_fields(jobs[0]))
@@ -405,6 +419,11 @@ def forward_pass(engine, jobs: list[Job], tokens: list[int]) -> list[Outcome]:
             for outcome in forward_pass(engine, [job], [n])
         ]
     elapsed_ms = (time.perf_counter() - started) * 1000
+    if relay is not None:
+        for index, first_at in relay.first_text_at.items():
+            # Time to first token, from submission: queue wait plus prefill plus one step.
+            ttft_ms = (first_at - jobs[index].created_at.timestamp()) * 1000
+            results[index] = {**results[index], "first_token_ms": round(ttft_ms, 3)}
     return [
         Outcome(
             job=job,
