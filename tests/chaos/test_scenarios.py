@@ -92,20 +92,16 @@ def _recovery(tenant, restored_wall, restored_mono, timeout_s: float) -> float |
 
 
 def kill_gpu_worker_in_flight(s, n: int, bound_s: float) -> None:
+    # The worker (8 × 40 ms a batch) is slower than the clients: a backlog builds up.
     bodies = [noop_job(f"kill {i}", sleep_ms=40) for i in range(n)]
-    load = s.clients.run_in_background(bodies, deadline_s=bound_s)
-    # Kill once a quarter has run, with a batch mid-flight.
-    assert wait_for(
-        lambda: Job.objects.filter(tenant=s.tenant, status=JobStatus.SUCCEEDED).count() >= n // 4,
-        bound_s,
-    )
+    s.clients.run(bodies, deadline_s=bound_s)
+    # Every job accepted; kill with a batch mid-flight.
     assert wait_for(lambda: _running_jobs(s.tenant) > 0, 10, poll_s=0.01)
     in_flight = Job.objects.filter(tenant=s.tenant).exclude(status=JobStatus.SUCCEEDED).count()
     killed_at = time.monotonic()
     s.cluster.kill("gpu")
     s.cluster.gpu_worker()  # restarted, as a supervisor would
     restarted_s = time.monotonic() - killed_at
-    load.join(bound_s)
     report = ledger(f"kill -9 GPU worker, N={n}", s.tenant, s.clients.submissions, bound_s=bound_s)
     report.extra.update(in_flight_at_kill=in_flight, restart_s=f"{restarted_s:.1f}")
     report_and_check(report)
