@@ -309,6 +309,12 @@ def write_report(r: dict, out: Path) -> None:
         f"{_f(m.get('load_average_at_end', [float('nan')])[0], 2)} at the end. Produced by "
         f"`make bench` in {_f(m.get('bench_seconds', float('nan')), 0)} s"
         + (" (**--quick**: reduced sizes, for development)" if r.get("quick") else "")
+        + (
+            f"; code at commit {m['commit']}"
+            + (" with uncommitted changes" if m.get("uncommitted_changes") else "")
+            if m.get("commit")
+            else ""
+        )
         + ". Every figure below is from this one run.",
         "",
         "## Targets (issues 9 and 8)",

@@ -401,6 +401,17 @@ def scenario_bulk_priority(results: dict, engine, which: set[str], quick: bool) 
     results["web_log_bulk_priority"] = common.keep_web_log("bulk-priority")
 
 
+def _git(*args: str) -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(
+            ["git", *args], cwd=common.ROOT, capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--jobs", type=int, default=600, help="jobs of the e2e/drain runs")
@@ -436,6 +447,8 @@ def main() -> int:
             "date": timezone.now().isoformat(),
             "load_average_at_start": os.getloadavg(),
             "sweep_interval_s": settings.RENQ_SWEEP_INTERVAL_S,
+            "commit": _git("rev-parse", "--short", "HEAD"),
+            "uncommitted_changes": bool(_git("status", "--porcelain", "--untracked-files=no")),
         },
         "quick": args.quick,
         "scenarios": sorted(which, key=SCENARIOS.index),
