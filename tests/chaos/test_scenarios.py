@@ -208,7 +208,9 @@ def postgres_outage(s, outage_s: float, *, real_service: bool = False) -> None:
         )
     else:
         s.proxies.postgres.cut()
+    down_at = time.monotonic()  # stopping a real server takes a while: from here it is down
     time.sleep(outage_s)
+    up_at = time.monotonic()
     if real_service:
         subprocess.run(
             ["pg_ctlcluster", "--skip-systemctl-redirect", _pg_cluster_name(), "main", "start"],
@@ -231,9 +233,7 @@ def postgres_outage(s, outage_s: float, *, real_service: bool = False) -> None:
         started_at=restored,
     )
     # Sent well inside the outage (a request sent just before the restore may be served).
-    during = [
-        x for x in s.clients.submissions if restored - outage_s + 0.5 <= x.at <= restored - 0.5
-    ]
+    during = [x for x in s.clients.submissions if down_at + 0.5 <= x.at <= up_at - 0.5]
     report.extra.update(
         during_outage={
             code: sum(1 for x in during if x.status == code)
