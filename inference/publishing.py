@@ -31,8 +31,10 @@ FINISH_BULK_TASK = "inference.finish_bulk"
 FAIL_BULK_TASK = "inference.fail_bulk"
 # Never consumed by renq: the message is the record (`renq.dead`, inspect it with RabbitMQ).
 DEAD_LETTER_TASK = "inference.dead_letter"
-# Most jobs one dispatch message carries (jobs submitted together, bound for one tier queue).
-MAX_JOBS_PER_MESSAGE = 64
+# Most jobs one dispatch message carries (jobs submitted together, bound for one tier queue):
+# enough to pay a publisher confirm per 8 jobs, few enough that the jobs a batch cannot take
+# (they wait, claimed, for the worker's next batch) never crowd out other tiers' share.
+MAX_JOBS_PER_MESSAGE = 8
 # How long a consumer count read from RabbitMQ is trusted (one round trip per queue).
 CONSUMER_COUNT_TTL_S = 1.0
 

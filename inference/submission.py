@@ -26,7 +26,7 @@ from inference.admission import (
 from inference.audit import record_event, record_receipts
 from inference.inputs import InputError, check_storable_text
 from inference.kinds import kind_of, validate_input
-from inference.lookups import active_service
+from inference.lookups import active_service, forget_all
 from inference.models import Job, JobStatus, Service, Tenant
 from inference.placement import route_on_submit
 from inference.publishing import publish_many_on_commit
@@ -139,9 +139,17 @@ def submit_job(
     except IntegrityError:
         # A concurrent request with the same key won the race: answer with its job.
         replay = _replay(tenant, key) if key else None
-        if replay is None:
+        if replay is not None:
+            return replay
+        if Service.objects.filter(pk=request.service.pk).exists():
             raise
-        return replay
+    # The cached service was deleted (and maybe recreated) since it was cached: look again.
+    forget_all()
+    request = prepare(
+        tenant, service_name=service_name, payload=payload, priority=priority,
+        deadline_ms=deadline_ms,
+    )  # fmt: skip
+    return accept(tenant, [request], actor=actor, idempotency_key=key)[0]
 
 
 def accept(

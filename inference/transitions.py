@@ -75,7 +75,7 @@ EXPIRED_IN_QUEUE = "waited longer than the service's queue_timeout before a work
 _CLAIM_SQL = """
 UPDATE inference_job
    SET status = 'running', claim_token = %(token)s, claimed_at = %(now)s,
-       attempts = attempts + 1, worker = %(worker)s
+       attempts = attempts + %(attempt)s, worker = %(worker)s
  WHERE id = ANY(%(ids)s::uuid[])
    AND (status = 'queued'
         OR (status = 'running' AND id = ANY(%(redelivered)s::uuid[])
@@ -174,6 +174,7 @@ class JobQuerySet(models.QuerySet):
         *,
         redelivered_ids: Iterable[str | uuid.UUID] = (),
         worker: str = "",
+        count_attempt: bool = True,
     ) -> Claim:
         """queued → running (or a takeover of a redelivered running job) under a new token.
         Interactive jobs that waited past their queue_timeout/total_timeout are marked
@@ -187,6 +188,8 @@ class JobQuerySet(models.QuerySet):
             "ids": [str(i) for i in dict.fromkeys(job_ids)],
             "redelivered": [str(i) for i in redelivered_ids],
             "max_attempts": settings.RENQ_MAX_ATTEMPTS,
+            # A claim taken only to hand the job on (the sweep) runs nothing: no attempt.
+            "attempt": 1 if count_attempt else 0,
         }
         claim = Claim(token=token)
         with transaction.atomic(using=self.db), connection.cursor() as cursor:

@@ -10,6 +10,10 @@ import os
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
+# Under ASGI a sync view's request may run on any thread of a pool, so a connection kept for
+# reuse is kept per thread and they pile up (73 seen at once, then PostgreSQL's limit of 100
+# refused requests): the web closes its connections after each request, as Django advises.
+os.environ.setdefault("RENQ_DB_CONN_MAX_AGE", "0")
 django_application = get_asgi_application()  # sets Django up before the front door's import
 
 from inference.openai_api.asgi import FrontDoorHandler  # noqa: E402

@@ -33,10 +33,12 @@ from django.utils import timezone
 
 from inference import metrics
 from inference.batching import BatchItem, BatchWindow
+from inference.config.changes import ConfigWatcher
 from inference.cost_model import BatchCostModel, preemption_budget_s
 from inference.engines import load_engine
 from inference.kinds import kind_of
 from inference.log_fields import job_fields
+from inference.lookups import RECHECK_INTERVAL_S
 from inference.models import Job, Service
 from inference.placement import fail_over_local_error, settle_local_outcomes
 from inference.publishing import dead_letter
@@ -58,6 +60,10 @@ DRAIN_LIMIT_S = 20.0
 # pull, claim and tokenize it, late enough that work arriving meanwhile is taken in priority
 # order (tier, then plan) rather than in order of arrival.
 FORM_AHEAD_S = 0.05
+
+
+# The configuration change marker, read before a batch at most as often as the web's caches do.
+_settings_watcher = ConfigWatcher(min_interval_s=RECHECK_INTERVAL_S)
 
 
 def engine_payload(job: Job) -> dict:
@@ -259,9 +265,10 @@ class _Drain:
     def realtime_first(self, upcoming: list[Held]) -> list[Held]:
         """A batch formed during the previous pass yields to realtime work that arrived
         since: its jobs stay claimed and go back to the front of the line."""
-        if not upcoming or any(h.item.realtime for h in upcoming) or not self.pulling:
+        # Also after the drain limit, while claimed jobs are still being run.
+        if not upcoming or any(h.item.realtime for h in upcoming) or self.reader is None:
             return upcoming
-        realtime = self.form(only_realtime=True, pending_first=False)
+        realtime = self.form(only_realtime=True, pending_first=False, pull=True)
         if not realtime:
             return upcoming
         self.pending.extendleft(reversed(upcoming))
@@ -270,6 +277,12 @@ class _Drain:
     # --- forming a batch --------------------------------------------------------------------
 
     def new_window(self) -> BatchWindow:
+        if _settings_watcher.changed():
+            # Runtime settings take effect on the next batch, also inside a long loop.
+            fresh = Service.objects.filter(name=self.service.name).first()
+            if fresh is not None:
+                self.service = fresh
+                self.budget_s = preemption_budget_s(fresh)
         cost = self.cost_model.current()
         return BatchWindow(
             max_jobs=self.service.batch_size,
@@ -288,15 +301,18 @@ class _Drain:
             )
         return held.item
 
-    def form(self, *, only_realtime: bool = False, pending_first: bool = True) -> list[Held]:
-        """Claimed jobs waiting here first, then the tier queues, until the window closes."""
+    def form(
+        self, *, only_realtime: bool = False, pending_first: bool = True, pull: bool = False
+    ) -> list[Held]:
+        """Claimed jobs waiting here first, then the tier queues, until the window closes.
+        Past the drain limit only claimed jobs are formed, unless `pull` (realtime work)."""
         window = self.new_window()
         while pending_first and self.pending:
             held = self.pending[0]
             if not window.offer(self.item(held), arrived_at=held.job.created_at.timestamp()):
                 break
             self.pending.popleft()
-        if self.pulling and not window.full:
+        if (self.pulling or (pull and self.reader is not None)) and not window.full:
             try:
                 self.fill(window, only_realtime=only_realtime)
             except BROKER_ERRORS:

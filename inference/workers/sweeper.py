@@ -115,7 +115,8 @@ def promote_waiting_jobs(now=None) -> int:
                 parent__isnull=True,
                 created_at__lt=now - timedelta(seconds=entered_at_s),
             )
-            ids = list(waiting.values_list("pk", flat=True)[:1000])
+            # The longest-waiting first: past 1,000 due at once, the oldest must not wait on.
+            ids = list(waiting.order_by("created_at").values_list("pk", flat=True)[:1000])
             if ids:
                 Job.objects.filter(pk__in=ids, tier=own).promote(up)
                 jobs = Job.objects.filter(pk__in=ids, serving_tier=up).select_related(
@@ -203,7 +204,7 @@ def _hand_on_stranded(rows, reason: str, dead_claims_before, cascade: FallbackCa
     now = timezone.now()
     Job.objects.filter(pk__in=backend_of, claimed_at__lt=dead_claims_before).requeue()
     backends = Backend.objects.in_bulk(set(backend_of.values()))
-    claim = Job.objects.claim(list(backend_of), worker="sweeper")
+    claim = Job.objects.claim(list(backend_of), worker="sweeper", count_attempt=False)
     record_attempts(
         AttemptRecord(
             job_id=job.pk,

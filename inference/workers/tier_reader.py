@@ -57,9 +57,9 @@ class WeightedShare:
     def order(self) -> list[Tier]:
         return sorted(self.counts, key=lambda t: (-self._lag(t), t.rank))
 
-    def served(self, tier: Tier) -> None:
+    def served(self, tier: Tier, jobs: int = 1) -> None:
         if tier in self.counts:
-            self.counts[tier] += 1
+            self.counts[tier] += jobs
 
     def idle(self, tier: Tier) -> None:
         if tier in self.counts:
@@ -117,10 +117,10 @@ class TierQueueReader:
             if message is None:
                 self.share.idle(tier)
                 continue
-            self.share.served(tier)
-            return PulledMessage(
-                job_ids=message_job_ids(message.decode()[0][0]), tier=tier, message=message
-            )
+            job_ids = message_job_ids(message.decode()[0][0])
+            # Counted in jobs, not messages: a message may carry several.
+            self.share.served(tier, len(job_ids))
+            return PulledMessage(job_ids=job_ids, tier=tier, message=message)
         return None
 
     def close(self) -> None:

@@ -154,3 +154,17 @@ def test_one_job_larger_than_the_budget_still_runs_alone():
     )
     assert w.offer(BatchItem("huge", tokens=5000))
     assert not w.offer(BatchItem("next", tokens=1))
+
+
+def test_the_share_counts_jobs_not_messages():
+    # Offline work submitted in lists travels 8 jobs to a message; api work one by one.
+    reader = make_reader({Tier.API: 1000})
+    reader._queues[Tier.OFFLINE].messages.extend(
+        FakeMessage([f"off-{i}-{j}" for j in range(8)]) for i in range(100)
+    )
+    jobs = Counter()
+    for _ in range(300):
+        pulled = reader.get()
+        jobs[pulled.tier] += len(pulled.job_ids)
+    # api : offline = 5 : 2 in jobs (not in messages, which would give offline 8 × its share).
+    assert jobs[Tier.OFFLINE] / jobs[Tier.API] == pytest.approx(2 / 5, rel=0.1)

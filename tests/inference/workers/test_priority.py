@@ -43,22 +43,21 @@ def test_a_realtime_job_waits_for_one_bounded_batch_not_a_long_one(
     assert max(sizes) <= 3
 
 
-def test_enterprise_before_pro_before_free_within_a_tier(
-    celery_worker_process, make_tenant, make_service
-):
-    make_service("noop", batch_size=1)
-    BatchCostModel("noop", "cpu").observe_batch(0.205, 200)  # as if measured: ~1 ms/token
-    blocker_tenant, _ = make_tenant("blocker", plan="free")
-    blocker = submit(blocker_tenant, "noop", sleep_ms=3000, priority="api")
-    # The worker holds the blocker (its api consumer's one unacked message): the next three
-    # wait in the api queue, where RabbitMQ orders them by message priority (the plan boost).
-    wait_for_job(blocker.pk, timeout_s=30, statuses=["running"])
+def test_enterprise_before_pro_before_free_within_a_tier(make_tenant, make_service):
+    # Queued while no worker serves the service, so all three wait in the api queue, where
+    # RabbitMQ orders them by message priority (the plan boost); then a worker starts.
+    make_service("noop", name="boost", batch_size=1)
     jobs = {}
     for plan in ("free", "pro", "enterprise"):
         tenant, _ = make_tenant(plan, plan=plan)
-        jobs[plan] = submit(tenant, "noop", priority="api", text=plan)
-    wait_for_job(blocker.pk)
-    started = {plan: wait_for_job(job.pk).started_at for plan, job in jobs.items()}
+        jobs[plan] = submit(tenant, "boost", priority="api", text=plan)
+    worker = WorkerProcess(services=("boost",), name="boost")
+    try:
+        started = {
+            plan: wait_for_job(job.pk, timeout_s=30).started_at for plan, job in jobs.items()
+        }
+    finally:
+        worker.stop()
     assert started["enterprise"] < started["pro"] < started["free"]
 
 
