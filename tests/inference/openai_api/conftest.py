@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from tests.conftest import WorkerProcess, purge_test_queues
+from tests.conftest import WorkerProcess
 from tests.renq_site.helpers import VENV_BIN, ChildProcess, child_database_url, free_port
 
 
@@ -39,13 +39,11 @@ def front_door_url(django_db_setup) -> Iterator[str]:
         web.stop()
 
 
-@pytest.fixture(scope="session")
-def gpu_worker(django_db_setup) -> Iterator[WorkerProcess]:
-    """A GPU worker for the three services, under its own name (runs beside other suites)."""
-    purge_test_queues()
-    worker = WorkerProcess(name="oai-gpu")
-    yield worker
-    worker.stop()
+@pytest.fixture
+def gpu_worker(celery_worker_process) -> WorkerProcess:
+    """The suite's one GPU worker for the test services. Not a second one: two workers on the
+    same queues would split other tests' batches between them."""
+    return celery_worker_process
 
 
 @pytest.fixture(scope="session")
