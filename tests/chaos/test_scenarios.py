@@ -305,7 +305,8 @@ def postgres_exhausted(s, outage_s: float, backlog: int) -> None:
     report_and_check(report)
     assert report.extra["worker_requeued"] > 0, "the fault never reached the worker"
     assert report.final_after_s < SETTLED_WITHIN_S, report.line()
-    assert report.completed == report.accepted, report.line()
+    # A phantom (answered 503, yet committed: the fault struck after COMMIT) runs too.
+    assert report.completed == report.accepted + report.phantom, report.line()
 
 
 @pytest.mark.chaos
