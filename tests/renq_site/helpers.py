@@ -8,9 +8,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
+
+import requests
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_DIR = ROOT / ".run"
@@ -77,3 +80,30 @@ class ChildProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         self._log.close()
+
+
+@contextmanager
+def asgi_web_server(name: str, *, timeout_s: float = 60) -> Iterator[str]:
+    """gunicorn with a uvicorn worker, as `make web` runs it, on the test database and a free
+    port; yields its URL once /healthz answers, stops it afterwards."""
+    port = free_port()
+    web = ChildProcess(
+        name,
+        [
+            str(VENV_BIN / "gunicorn"),
+            "renq_site.asgi:application",
+            "-k",
+            "uvicorn_worker.UvicornWorker",
+            "-b",
+            f"127.0.0.1:{port}",
+            "-w",
+            "1",
+        ],
+        env={"DATABASE_URL": child_database_url()},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        web.wait_until(lambda: requests.get(f"{url}/healthz", timeout=1).ok, name, timeout_s)
+        yield url
+    finally:
+        web.stop()

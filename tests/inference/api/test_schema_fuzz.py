@@ -21,15 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import requests
 
-from tests.renq_site.helpers import (
-    RUN_DIR,
-    VENV_BIN,
-    ChildProcess,
-    child_database_url,
-    free_port,
-)
+from tests.renq_site.helpers import RUN_DIR, VENV_BIN, asgi_web_server
 
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 MAX_EXAMPLES = int(os.environ.get("RENQ_FUZZ_MAX_EXAMPLES", "10"))
@@ -57,27 +50,8 @@ def fuzz_server(transactional_db, make_tenant, make_service) -> Iterator[tuple[s
     for kind in ("embedding", "reranker", "llm", "noop"):
         make_service(kind, max_queue_size=1_000_000)
     _, key = make_tenant("fuzz", plan="enterprise")
-    port = free_port()
-    web = ChildProcess(
-        "test-fuzz-gunicorn",
-        [
-            str(VENV_BIN / "gunicorn"),
-            "renq_site.asgi:application",
-            "-k",
-            "uvicorn_worker.UvicornWorker",
-            "-b",
-            f"127.0.0.1:{port}",
-            "-w",
-            "1",
-        ],
-        env={"DATABASE_URL": child_database_url()},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        web.wait_until(lambda: requests.get(f"{url}/healthz", timeout=1).ok, "gunicorn", 60)
+    with asgi_web_server("test-fuzz-gunicorn") as url:
         yield url, key
-    finally:
-        web.stop()
 
 
 def run_schemathesis(url: str, key: str, max_examples: int, seed: int) -> tuple[int, str]:

@@ -7,36 +7,16 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-import requests
 
 from tests.conftest import WorkerProcess
-from tests.renq_site.helpers import VENV_BIN, ChildProcess, child_database_url, free_port
+from tests.renq_site.helpers import asgi_web_server
 
 
 @pytest.fixture(scope="session")
 def front_door_url(django_db_setup) -> Iterator[str]:
     """`gunicorn renq_site.asgi:application -k uvicorn_worker.UvicornWorker` on a free port."""
-    port = free_port()
-    web = ChildProcess(
-        "test-oai-web",
-        [
-            str(VENV_BIN / "gunicorn"),
-            "renq_site.asgi:application",
-            "-k",
-            "uvicorn_worker.UvicornWorker",
-            "-b",
-            f"127.0.0.1:{port}",
-            "-w",
-            "1",
-        ],
-        env={"DATABASE_URL": child_database_url()},
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        web.wait_until(lambda: requests.get(f"{url}/healthz", timeout=1).ok, "front door", 30)
+    with asgi_web_server("test-oai-web") as url:
         yield url
-    finally:
-        web.stop()
 
 
 @pytest.fixture
