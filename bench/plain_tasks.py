@@ -10,6 +10,7 @@ from django.utils import timezone
 
 from inference.engines import load_engine
 from inference.models import Job, JobStatus
+from inference.vectors import split_result
 
 
 @shared_task(name="bench.plain_embed", acks_late=True)
@@ -18,10 +19,11 @@ def plain_embed(job_id: str) -> None:
     engine = load_engine(job.service.kind, job.service.model_ref)
     started_at = timezone.now()
     t0 = time.perf_counter()
-    result = engine.run_batch([job.input])[0]
+    result, vectors = split_result(engine.run_batch([job.input])[0])
     Job.objects.filter(pk=job_id).update(
         status=JobStatus.SUCCEEDED,
         result=result,
+        result_vectors=vectors,
         started_at=started_at,
         finished_at=timezone.now(),
         inference_ms=(time.perf_counter() - t0) * 1000,

@@ -121,12 +121,23 @@ def targets(r: dict) -> list[tuple[str, str, str, bool | None]]:
         p0 = w["p0"]
         rows.append(
             (
-                "P0 queue wait p99 under saturation vs preemption budget + 20 ms",
+                "P0 queue wait p99 under saturation vs preemption budget + 20 ms "
+                "(from created_at: the web's own time under load included)",
                 f"{_f(p0['queue_wait_ms_p99'], 0)} ms (p50 {_f(p0['queue_wait_ms_p50'], 0)})",
                 f"≤ {_f(p0['target_ms'], 0)} ms",
                 p0["queue_wait_ms_p99"] <= p0["target_ms"],
             )
         )
+        if "after_answer_ms_p99" in p0:
+            rows.append(
+                (
+                    "same, from when its POST was answered (its message in RabbitMQ)",
+                    f"{_f(p0['after_answer_ms_p99'], 0)} ms "
+                    f"(p50 {_f(p0['after_answer_ms_p50'], 0)})",
+                    f"≤ {_f(p0['target_ms'], 0)} ms",
+                    p0["after_answer_ms_p99"] <= p0["target_ms"],
+                )
+            )
         rows.append(
             (
                 "every P0 job ran locally and succeeded",
@@ -149,17 +160,18 @@ def targets(r: dict) -> list[tuple[str, str, str, bool | None]]:
         within = all(abs(share[t]["ratio_to_target"] - 1) <= 0.10 for t in share)
         rows.append(
             (
-                "P1:P2:P3 completions during saturation (by tier queue served)",
+                "P1:P2:P3 completions while all three tier queues had work, before aging "
+                "(by tier queue served)",
                 ratio,
                 "5:3:2 ± 10 %",
                 within,
             )
         )
-        bound = w["p3_aging_bound_with_sweep_s"] + w["non_realtime_batches"]["run_ms_max"] / 1000
+        bound = w["p3_aging_bound_with_interval_s"] + w["non_realtime_batches"]["run_ms_max"] / 1000
         longest = w["p3_longest_wait_in_own_queue_s"]
         rows.append(
             (
-                "longest P3 wait in its own tier queue vs aging bound + sweep + one batch",
+                "longest P3 wait in its own tier queue vs aging bound + aging interval + one batch",
                 f"{_f(longest)} s",
                 f"≤ {_f(bound)} s",
                 longest <= bound,
@@ -288,7 +300,7 @@ def what_is_left(r: dict, rows) -> list[str]:
             notes.append(
                 f"**Aging.** The oldest unclaimed P3 job had waited "
                 f"{_f(w['p3_longest_wait_in_own_queue_s'])} s in the offline queue; promotion runs "
-                f"in the sweep, every {_f(pr['sweep_interval_s'], 0)} s."
+                f"every {_f(pr['aging_interval_s'], 0)} s."
             )
     return notes
 
@@ -510,7 +522,7 @@ def _priority_section(pr: dict) -> list[str]:
         f"{svc['queue_timeout']} s, total_timeout {svc['total_timeout']} s, preemption_budget_s "
         f"{svc['preemption_budget_s']}; admission limits raised: {pr['overrides']}), a local-only "
         "route, one worker with the model on the bench's model threads, the control worker "
-        f"(beat: aging and expiry; sweep every {_f(pr['sweep_interval_s'], 0)} s). Tiers: "
+        f"(beat: expiry every second, aging every {_f(pr['aging_interval_s'], 0)} s). Tiers: "
         + ", ".join(
             f"{t} aging {v['aging_after_s']:g} s weight {v['weight']:g}"
             for t, v in pr["tiers"].items()
@@ -556,6 +568,14 @@ def _priority_section(pr: dict) -> list[str]:
             ),
         ),
         (
+            "P0 wait after its POST was answered, p50 / p99 / max (ms)",
+            lambda x: (
+                f"{_f(x['p0'].get('after_answer_ms_p50'), 0)} / "
+                f"{_f(x['p0'].get('after_answer_ms_p99'), 0)} / "
+                f"{_f(x['p0'].get('after_answer_ms_max'), 0)}"
+            ),
+        ),
+        (
             "non-realtime passes: count, run ms p50 / p99 / max",
             lambda x: (
                 f"{x['non_realtime_batches']['count']}: "
@@ -565,11 +585,12 @@ def _priority_section(pr: dict) -> list[str]:
             ),
         ),
         (
-            "completions by tier queue served (api:batch:offline)",
+            "completions by tier queue served (api:batch:offline), while all three had work",
             lambda x: ":".join(
                 str(x["completions_by_served_queue"][t]["completed"])
                 for t in ("api", "batch", "offline")
-            ),
+            )
+            + f" (over {x.get('share_measured_s', '?')} s)",
         ),
         ("completions by own tier", lambda x: str(x["completions_by_own_tier"])),
         (
@@ -604,7 +625,7 @@ def _priority_section(pr: dict) -> list[str]:
         f"The price of the bound: {pr['price_of_the_bound']['ratio']:.2f} × the throughput "
         "without it (texts/s). The measured window of each phase starts 5 s after its streams "
         "started. Aging bound for P3: aging_after_s "
-        f"{_f(w['p3_aging_bound_s'], 0)} s + the sweep interval; P3 jobs promoted over the whole "
+        f"{_f(w['p3_aging_bound_s'], 0)} s + the aging interval; P3 jobs promoted over the whole "
         f"run: {w['p3_promoted']}.",
         "",
         "![wait per tier over the run](priority_waits.png)",

@@ -12,7 +12,9 @@ submit_profile.txt). Scenarios, in order:
 - profile: pyinstrument profile of single-job POSTs in-process (bench/submit_profile.py);
 - bulk: a 10,000-text bulk job vs the raw model (bench/bulk.py);
 - priority: saturation with P0-P3 traffic, with and without the preemption budget, and two
-  tenants of one tier (bench/priority.py).
+  tenants of one tier (bench/priority.py);
+- result_bytes: bytes per embedding job stored, sent and answered, JSON floats vs float32
+  (bench/result_bytes.py; results.json only).
 
 The bench has its own database (renq_bench), queue prefix (bench.) and Redis dbs (5, 6).
 
@@ -46,7 +48,7 @@ from django.conf import settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 from processes import ProcessGroup, free_port  # noqa: E402
 
-from bench import bulk, noop_throughput, priority, submit_profile  # noqa: E402
+from bench import bulk, noop_throughput, priority, result_bytes, submit_profile  # noqa: E402
 from bench.common import (  # noqa: E402
     MODEL_REF,
     MODEL_THREADS,
@@ -70,7 +72,7 @@ from renq_site.celery import app  # noqa: E402
 SERVICE = "bench-embed"  # the historical e2e/drain/settings runs: batch 32, long timeouts
 IDLE_SERVICE = bulk.SERVICE  # config.yaml's embedding settings (the CPU profile)
 CLIENTS = 8
-SCENARIOS = ("inprocess", "e2e", "noop", "profile", "bulk", "priority")
+SCENARIOS = ("inprocess", "e2e", "noop", "profile", "bulk", "priority", "result_bytes")
 
 
 # --- in-process: the raw model and the batch former without a broker ----------------------
@@ -454,7 +456,7 @@ def main() -> int:
         "scenarios": sorted(which, key=SCENARIOS.index),
     }
     engine = None
-    if which & {"inprocess", "bulk"}:
+    if which & {"inprocess", "bulk", "result_bytes"}:
         engine = load_engine("embedding", MODEL_REF, device="cpu")
         engine.run_batch([{"texts": ["warm up"]}])
     if "inprocess" in which:
@@ -471,6 +473,9 @@ def main() -> int:
         print(results["submit_profile"], flush=True)
     if which & {"bulk", "priority"}:
         scenario_bulk_priority(results, engine, which, args.quick)
+    if "result_bytes" in which:
+        results["result_bytes"] = result_bytes.run(engine)
+        print(result_bytes.report(results["result_bytes"]), flush=True)
     results["machine"]["load_average_at_end"] = os.getloadavg()
     results["machine"]["bench_seconds"] = round(time.time() - started, 1)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))

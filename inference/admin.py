@@ -117,7 +117,10 @@ class JobAdmin(admin.ModelAdmin):
     )
     search_fields = ("id",)
     date_hierarchy = "created_at"
-    readonly_fields = [f.name for f in Job._meta.fields]
+    # The vectors' bytes are summarised (count × dim), not printed.
+    readonly_fields = [
+        "vectors" if f.name == "result_vectors" else f.name for f in Job._meta.fields
+    ]
     actions = ["cancel_jobs", "requeue_dead_lettered"]
     # The backend shown per row comes with the page's one query (JobRoute is one-to-one).
     list_select_related = ("tenant", "service", "route__backend")
@@ -134,6 +137,13 @@ class JobAdmin(admin.ModelAdmin):
     def backend(self, job: Job) -> str:
         route = getattr(job, "route", None)
         return route.backend.name if route else "local (no route)"
+
+    @admin.display(description="result vectors")
+    def vectors(self, job: Job) -> str:
+        matrix = job.embedding_matrix()
+        if matrix is None or job.result_vectors is None:
+            return "-"
+        return f"{matrix.count} × {matrix.dim} float32 ({len(job.result_vectors):,} bytes)"
 
     @admin.display(description="queue wait (ms)")
     def queue_wait(self, job: Job):

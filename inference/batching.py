@@ -73,6 +73,27 @@ class BatchWindow(Generic[T]):
             return False  # realtime company is what a realtime batch is for
         return self.predict_s(tokens) > self.max_run_s
 
+    def likely_room(self) -> int:
+        """How many more jobs like the ones already in would fit (jobs, tokens, run budget):
+        how many messages are worth pulling before claiming them together. 1 while empty;
+        0 when no such job would fit (pulling one would only claim it to wait)."""
+        slots = self.max_jobs - len(self.items)
+        if self.full or slots <= 0:
+            return 0
+        if not self.items:
+            return 1
+        mean_tokens = self.tokens / len(self.items)
+        n = 0
+        while n < slots:
+            tokens = self.tokens + (n + 1) * mean_tokens
+            if tokens > self.max_tokens:
+                break
+            if self.max_run_s is not None and self.predict_s is not None:
+                if self.predict_s(int(tokens)) > self.max_run_s:
+                    break
+            n += 1
+        return n
+
     @property
     def has_realtime(self) -> bool:
         return any(item.realtime for item in self.items)

@@ -27,6 +27,7 @@ from inference.publishing import publish_bulk
 from inference.submission import resolve_service, resolve_tier
 from inference.tiers import Tier
 from inference.transitions import TERMINAL_STATUSES
+from inference.vectors import with_vectors
 
 MAX_BULK_ITEMS = 100_000
 BULK_TIERS = (Tier.BATCH, Tier.OFFLINE)
@@ -166,14 +167,17 @@ def retry_failed_piece(job_id: str) -> bool:
 def finish_bulk(parent_id: str) -> str:
     """Chord callback (or the sweep): assemble the pieces' results in input order."""
     parent = Job.objects.select_related("service").get(pk=parent_id)
-    pieces = list(parent.pieces.order_by("piece_index").only("status", "result", "error"))
+    pieces = list(
+        parent.pieces.order_by("piece_index").only("status", "result", "result_vectors", "error")
+    )
     failed = [(i, p) for i, p in enumerate(pieces) if p.status != JobStatus.SUCCEEDED]
     running = Job.objects.filter(pk=parent.pk)
     if failed:
         reasons = "; ".join(f"piece {i}: {p.status} {p.error}" for i, p in failed[:20])
         running.fail(f"{len(failed)} of {len(pieces)} pieces did not succeed: {reasons}")
         return JobStatus.FAILED
-    result = kind_of(parent.service.kind).bulk_merge(parent.input, [p.result for p in pieces])
+    results = [with_vectors(p.result, p.result_vectors) for p in pieces]
+    result = kind_of(parent.service.kind).bulk_merge(parent.input, results)
     running.finish_bulk(result)
     return JobStatus.SUCCEEDED
 

@@ -22,6 +22,7 @@ from inference.inputs import (
     validate_noop,
     validate_reranker,
 )
+from inference.vectors import EmbeddingMatrix
 
 if TYPE_CHECKING:
     from inference.engines.base import Engine
@@ -79,8 +80,9 @@ def _estimate_llm(payload: dict) -> tuple[int, int]:
 
 
 def _merge_embeddings(bulk_input: dict, results: list[dict]) -> dict:
-    vectors = [v for r in results for v in r["embeddings"]]
-    return {"embeddings": vectors, "dim": results[0]["dim"] if results else 0}
+    dim = results[0]["dim"] if results else 0
+    vectors = EmbeddingMatrix.concat([r["embeddings"] for r in results], dim)
+    return {"embeddings": vectors, "dim": dim}
 
 
 def _merge_rerank(bulk_input: dict, results: list[dict]) -> dict:

@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from inference.tiers import PLAN_BOOST, Plan, Tier
 from inference.transitions import TERMINAL_STATUSES, JobQuerySet, JobStatus
+from inference.vectors import EmbeddingMatrix, render_result, stored_matrix
 
 # Sent after a bulk UPDATE of services, tenants or keys (a QuerySet.update sends no post_save): the
 # configuration change marker moves, so cached copies (inference.lookups) are dropped.
@@ -205,10 +206,16 @@ class Job(models.Model):
     )
     input = models.JSONField()
     result = models.JSONField(null=True, blank=True)
+    # Embedding jobs: the vectors as little-endian float32 bytes (count × dim, row after row);
+    # `result` then keeps {"dim", "count"} only. See inference.vectors.
+    result_vectors = models.BinaryField(null=True, blank=True, editable=False)
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
     published_at = models.DateTimeField(
-        null=True, blank=True, help_text="When RabbitMQ confirmed the dispatch message."
+        null=True, blank=True, help_text=(
+            "When the dispatch message was sent: RabbitMQ's confirm, or for a submission "
+            "the commit it is published after (cleared if that publish fails)."
+        ),
     )
     claimed_at = models.DateTimeField(
         null=True, blank=True, help_text="When a worker claimed the job (its batch opened)."
@@ -297,6 +304,15 @@ class Job(models.Model):
         if self.finished_at is None:
             return None
         return (self.finished_at - self.created_at).total_seconds() * 1000
+
+    def result_body(self, encoding_format: str = "float") -> dict | None:
+        """The result as clients see it: embeddings as float lists or base64 strings (from
+        `result_vectors`), any other kind's result as stored."""
+        return render_result(self.result, self.result_vectors, encoding_format)
+
+    def embedding_matrix(self) -> EmbeddingMatrix | None:
+        """The job's vectors (None for results without any)."""
+        return stored_matrix(self.result, self.result_vectors)
 
 
 class AuditEventKind(models.TextChoices):

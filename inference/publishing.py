@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from celery import chord, signature
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from inference import queues
@@ -108,21 +108,40 @@ def _send(jobs: Sequence[Job]) -> bool:
     return True
 
 
-def publish_many(jobs: Sequence[Job]) -> int:
+def publish_many(jobs: Sequence[Job], *, counted_on: bool = False) -> int:
     """Publish the jobs' dispatch messages (with publisher confirms) and record, in one
     UPDATE, which RabbitMQ confirmed. Jobs bound for the same tier queue travel together, up
     to MAX_JOBS_PER_MESSAGE in one message (one publish and one confirm instead of one per
     job; the worker claims them together). A job whose publish failed keeps no published_at
     and `republish_unpublished` sends it later, so an accepted job is never lost. Stops at
-    the first failure: the broker is away, the sweeper will do the rest."""
-    sent = []
+    the first failure: the broker is away, the sweeper will do the rest.
+
+    `counted_on`: the jobs were stored with published_at already set (the submit path, which
+    publishes right after its commit): only a failure is written, so the hot path has no
+    second UPDATE per job. Should the process die between commit and publish, the
+    lost-message sweep republishes them (queued, published_at past LOST_MESSAGE_AFTER_S, their
+    queue empty), aging moves them, or their deadline expires them: never silently lost."""
+    jobs = list(jobs)
+    sent: list = []
     for group in _messages(jobs):
         if not _send(group):
             break
         sent.extend(job.pk for job in group)
-    if sent:
+    if counted_on:
+        if len(sent) < len(jobs):
+            confirmed = set(sent)
+            _unmark([job.pk for job in jobs if job.pk not in confirmed])
+    elif sent:
         Job.objects.filter(pk__in=sent).mark_published()
     return len(sent)
+
+
+def _unmark(job_ids: list) -> None:
+    try:
+        Job.objects.filter(pk__in=job_ids).unmark_published()
+    except DatabaseError:
+        # Postgres is away too: the lost-message sweep finds these jobs once it is back.
+        logger.warning("could not hand %d unpublished jobs to the outbox", len(job_ids))
 
 
 def _messages(jobs: Sequence[Job]) -> list[list[Job]]:
@@ -152,9 +171,9 @@ def publish_on_commit(job: Job) -> None:
     transaction.on_commit(lambda: publish(job))
 
 
-def publish_many_on_commit(jobs: Sequence[Job]) -> None:
+def publish_many_on_commit(jobs: Sequence[Job], *, counted_on: bool = False) -> None:
     jobs = list(jobs)
-    transaction.on_commit(lambda: publish_many(jobs))
+    transaction.on_commit(lambda: publish_many(jobs, counted_on=counted_on))
 
 
 def dead_letter(job_ids: Sequence, reason: str) -> None:

@@ -10,7 +10,7 @@ from django.db.models import Count, Min, Q, Value
 from django.db.models.functions import Coalesce, NullIf
 from django.utils import timezone
 
-from inference.cost_model import BatchCostModel, preemption_budget_s
+from inference.cost_model import PASS_TARGET_FRACTION, BatchCostModel, preemption_budget_s
 from inference.models import Job, JobStatus, Service
 from inference.tiers import TIER_ORDER
 
@@ -52,6 +52,8 @@ def queue_report(now=None) -> list[dict]:
                 "kind": service.kind,
                 "tiers": tiers,
                 "preemption_budget_s": budget_s,
+                # What the batch former aims a non-realtime pass at (the rest is dispatch).
+                "pass_target_s": round(budget_s * PASS_TARGET_FRACTION, 6),
                 # One model per kind of device the service's workers run on.
                 "cost_model": {
                     device: {

@@ -41,10 +41,17 @@ class TextRelay:
     """Publishes the pieces of text of one batch's streaming jobs (worker side, model thread).
     Never raises: streaming is a preview, the stored result is what counts."""
 
-    def __init__(self, job_ids: dict[int, uuid.UUID]):
+    def __init__(
+        self,
+        job_ids: dict[int, uuid.UUID],
+        *,
+        sequence: dict[int, int] | None = None,
+        first_text_at: dict[int, float] | None = None,
+    ):
         self.job_ids = job_ids  # the batch's job index → job id
-        self.sequence: dict[int, int] = {}
-        self.first_text_at: dict[int, float] = {}
+        # Where earlier passes of a generation that continues in this one left off.
+        self.sequence: dict[int, int] = dict(sequence or {})
+        self.first_text_at: dict[int, float] = dict(first_text_at or {})
 
     def __call__(self, job_index: int, text: str) -> None:
         self.first_text_at.setdefault(job_index, time.time())

@@ -192,7 +192,9 @@ def accept(
             )
             route_on_submit(created)
             record_receipts(created, actor=actor)
-            publish_many_on_commit(created)
+            # published_at is set at INSERT (no UPDATE per job after the confirm); a failed
+            # publish clears it for the outbox.
+            publish_many_on_commit(created, counted_on=True)
     except BaseException:
         for reservation in reservations:
             reservation.release()
@@ -225,6 +227,7 @@ def _new_job(tenant: Tenant, request: JobRequest, now, idempotency_key: str) -> 
         input=request.input,
         input_hash=input_digest(service, tenant, request.input) if service.enable_cache else "",
         created_at=now,
+        published_at=now,
         deadline_at=deadline_at,
         idempotency_key=idempotency_key,
     )
@@ -239,7 +242,7 @@ def _cache_hit(tenant: Tenant, request: JobRequest) -> Job | None:
         Job.objects.filter(
             tenant=tenant, service=service, input_hash=digest, status=JobStatus.SUCCEEDED
         )
-        .only("result")
+        .only("result", "result_vectors")
         .first()
     )
     if hit is None:
@@ -254,6 +257,7 @@ def _cache_hit(tenant: Tenant, request: JobRequest) -> Job | None:
         input=request.input,
         input_hash=digest,
         result=hit.result,
+        result_vectors=hit.result_vectors,  # the stored bytes, copied as they are
         cached=True,
         created_at=now,
         started_at=now,

@@ -24,7 +24,7 @@ from inference.config.tiers import tier_policies
 from inference.tiers import Tier
 from inference.workers.cloud import run_cloud_attempt
 from inference.workers.gpu import BatchRunner
-from inference.workers.sweeper import expire_overdue, sweep_jobs
+from inference.workers.sweeper import expire_overdue, promote_waiting_jobs, sweep_jobs
 from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool, message_job_ids
 from inference.workers.warmup import warm_engines_for_consumed_queues
 from renq_site.celery import app
@@ -107,6 +107,11 @@ def sweep() -> dict:
 @shared_task(name="inference.expire")
 def expire() -> int:
     return expire_overdue()
+
+
+@shared_task(name="inference.promote")
+def promote() -> int:
+    return promote_waiting_jobs()
 
 
 @worker_process_init.connect

@@ -18,6 +18,7 @@ second: `Job.objects.filter(pk=…, claim_token=token).requeue()`.
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Iterable, Sequence
@@ -29,10 +30,12 @@ from django.conf import settings
 from django.db import connection, models, transaction
 from django.db.models import F
 from django.utils import timezone
+from psycopg2 import Binary
 from psycopg2.extras import execute_values
 
 from inference import metrics
 from inference.tiers import Tier
+from inference.vectors import split_result
 from inference.waiting import notify_finished
 
 if TYPE_CHECKING:
@@ -72,15 +75,19 @@ TRANSITIONS: dict[tuple[str, str], str] = {
 
 EXPIRED_IN_QUEUE = "waited longer than the service's queue_timeout before a worker was free"
 
+# The claimed rows come back with their service and tenant (one round trip: a worker claims
+# between forward passes, so the ORM's second SELECT and its SQL compilation were a third of
+# the drain loop's own time).
 _CLAIM_SQL = """
-UPDATE inference_job
+UPDATE inference_job AS j
    SET status = 'running', claim_token = %(token)s, claimed_at = %(now)s,
-       attempts = attempts + %(attempt)s, worker = %(worker)s
- WHERE id = ANY(%(ids)s::uuid[])
-   AND (status = 'queued'
-        OR (status = 'running' AND id = ANY(%(redelivered)s::uuid[])
-            AND attempts < %(max_attempts)s))
-RETURNING id
+       attempts = j.attempts + %(attempt)s, worker = %(worker)s
+  FROM inference_service AS s, inference_tenant AS t
+ WHERE j.id = ANY(%(ids)s::uuid[]) AND s.id = j.service_id AND t.id = j.tenant_id
+   AND (j.status = 'queued'
+        OR (j.status = 'running' AND j.id = ANY(%(redelivered)s::uuid[])
+            AND j.attempts < %(max_attempts)s))
+RETURNING {columns}
 """
 
 _POISON_SQL = """
@@ -103,16 +110,18 @@ SELECT clock_timestamp(), %(kind)s, tenant_id, id, worker,
 """
 
 # One statement for a whole batch; every row carries the claim token it must still hold.
+# Embedding vectors travel and are stored as float32 bytes (inference.vectors), not JSON.
 _SUCCEED_SQL = """
 UPDATE inference_job AS j
-   SET status = 'succeeded', result = v.result::jsonb, finished_at = clock_timestamp(),
-       started_at = v.started_at, inference_ms = v.inference_ms, batch_size = v.batch_size,
-       input_tokens = v.tokens
-  FROM (VALUES %s) AS v(id, token, result, started_at, inference_ms, batch_size, tokens)
+   SET status = 'succeeded', result = v.result::jsonb, result_vectors = v.vectors,
+       finished_at = clock_timestamp(), started_at = v.started_at,
+       inference_ms = v.inference_ms, batch_size = v.batch_size, input_tokens = v.tokens
+  FROM (VALUES %s) AS v(id, token, result, vectors, started_at, inference_ms, batch_size, tokens)
  WHERE j.id = v.id AND j.claim_token = v.token AND j.status = 'running'
 """
 _SUCCEED_ROW = (
-    "(%s::uuid, %s::uuid, %s, %s::timestamptz, %s::double precision, %s::integer, %s::integer)"
+    "(%s::uuid, %s::uuid, %s, %s::bytea, %s::timestamptz, %s::double precision, %s::integer,"
+    " %s::integer)"
 )
 
 
@@ -165,6 +174,48 @@ def _audit(cursor, job_ids: list, kind: str, statuses: list[str], token=None) ->
         )
 
 
+@functools.cache
+def _claim_layout(model) -> tuple[str, list[tuple]]:
+    """_CLAIM_SQL returning the job's, its service's and its tenant's columns in the models'
+    field order (what Model.from_db expects), and how to cut a returned row back into the
+    three: (model, attnames, (field, db converters) pairs, slice). Built once per process: a
+    claim runs between every two forward passes."""
+    service = model._meta.get_field("service").related_model
+    tenant = model._meta.get_field("tenant").related_model
+    columns, layout, start = [], [], 0
+    for alias, part in (("j", model), ("s", service), ("t", tenant)):
+        fields = part._meta.concrete_fields
+        columns += [f"{alias}.{f.column}" for f in fields]
+        converters = [(f, f.get_db_converters(connection)) for f in fields]
+        attnames = [f.attname for f in fields]
+        layout.append((part, attnames, converters, slice(start, start + len(fields))))
+        start += len(fields)
+    return _CLAIM_SQL.format(columns=", ".join(columns)), layout
+
+
+def _claimed_jobs(model, rows: list[tuple], db: str) -> list[Job]:
+    """Job instances, their service and tenant attached, as select_related would build them."""
+    job_layout, service_layout, tenant_layout = _claim_layout(model)[1]
+    jobs = []
+    for row in rows:
+        job = _from_row(db, row, job_layout)
+        job.service = _from_row(db, row, service_layout)
+        job.tenant = _from_row(db, row, tenant_layout)
+        jobs.append(job)
+    return jobs
+
+
+def _from_row(db: str, row: tuple, layout: tuple):
+    """What the ORM does with raw column values (JSON text → Python, for instance)."""
+    part, attnames, converters, cut = layout
+    values = []
+    for value, (model_field, field_converters) in zip(row[cut], converters, strict=True):
+        for convert in field_converters:
+            value = convert(value, model_field, connection)
+        values.append(value)
+    return part.from_db(db, attnames, values)
+
+
 class JobQuerySet(models.QuerySet):
     # --- the worker's claim and its outcomes -------------------------------------------------
 
@@ -197,11 +248,11 @@ class JobQuerySet(models.QuerySet):
                 cursor.execute(_POISON_SQL, params)
                 claim.dead_lettered = [row[0] for row in cursor.fetchall()]
                 _audit(cursor, claim.dead_lettered, "dead_lettered", [JobStatus.FAILED])
-            cursor.execute(_CLAIM_SQL, params)
-            claimed_ids = [row[0] for row in cursor.fetchall()]
-        if not claimed_ids:
+            cursor.execute(_claim_layout(self.model)[0], params)
+            rows = cursor.fetchall()
+        if not rows:
             return claim
-        jobs = self.model.objects.select_related("service", "tenant").in_bulk(claimed_ids)
+        jobs = {job.pk: job for job in _claimed_jobs(self.model, rows, self.db)}
         for job_id in params["ids"]:
             job = jobs.get(uuid.UUID(job_id))
             if job is None:
@@ -225,18 +276,21 @@ class JobQuerySet(models.QuerySet):
         failures = [o for o in outcomes if o.result is None]
         with transaction.atomic(using=self.db), connection.cursor() as cursor:
             if successes:
-                rows = [
-                    (
-                        str(o.job.pk),
-                        str(token),
-                        json.dumps(o.result),
-                        o.started_at or now,
-                        o.inference_ms,
-                        o.batch_size,
-                        o.tokens,
+                rows = []
+                for o in successes:
+                    result, vectors = split_result(o.result)
+                    rows.append(
+                        (
+                            str(o.job.pk),
+                            str(token),
+                            json.dumps(result),
+                            None if vectors is None else Binary(vectors),
+                            o.started_at or now,
+                            o.inference_ms,
+                            o.batch_size,
+                            o.tokens,
+                        )
                     )
-                    for o in successes
-                ]
                 execute_values(
                     cursor.cursor, _SUCCEED_SQL, rows, template=_SUCCEED_ROW, page_size=len(rows)
                 )
@@ -296,9 +350,14 @@ class JobQuerySet(models.QuerySet):
         )
 
     def finish_bulk(self, result: dict) -> int:
-        """running → succeeded for a bulk parent, with its pieces' results assembled."""
+        """running → succeeded for a bulk parent, with its pieces' results assembled
+        (vectors stored as bytes, as store_outcomes stores them)."""
+        result, vectors = split_result(result)
         return self.filter(status=JobStatus.RUNNING, is_bulk=True).update(
-            status=JobStatus.SUCCEEDED, result=result, finished_at=timezone.now()
+            status=JobStatus.SUCCEEDED,
+            result=result,
+            result_vectors=vectors,
+            finished_at=timezone.now(),
         )
 
     def expire(self, reason: str) -> int:
@@ -355,3 +414,7 @@ class JobQuerySet(models.QuerySet):
     def mark_published(self) -> int:
         """RabbitMQ confirmed a dispatch message; the outbox sweep skips these jobs."""
         return self.filter(published_at__isnull=True).update(published_at=timezone.now())
+
+    def unmark_published(self) -> int:
+        """A publish counted on at INSERT failed: the outbox sweep sends these jobs."""
+        return self.filter(status=JobStatus.QUEUED).update(published_at=None)

@@ -2,21 +2,23 @@
 
 /v1/ (the OpenAI-compatible front door, async views that wait for jobs) goes to its own
 handler with no middleware and no per-request thread; everything else (the REST API, admin,
-docs, probes) to Django's usual handler, where sync views run on a thread each as under WSGI.
+docs, probes) to Django's handler on a few long-lived request threads per process
+(renq_site.request_lanes), which keep their PostgreSQL connections between requests.
 """
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
-# Under ASGI a sync view's request may run on any thread of a pool, so a connection kept for
-# reuse is kept per thread and they pile up (73 seen at once, then PostgreSQL's limit of 100
-# refused requests): the web closes its connections after each request, as Django advises.
-os.environ.setdefault("RENQ_DB_CONN_MAX_AGE", "0")
-django_application = get_asgi_application()  # sets Django up before the front door's import
+django.setup(set_prefix=False)  # before the handlers' imports load models
 
 from inference.openai_api.asgi import FrontDoorHandler  # noqa: E402
+from renq_site.request_lanes import LanedASGIHandler  # noqa: E402
+
+# Connections stay open (CONN_MAX_AGE) on a bounded set of threads per process: the lanes
+# here and the front door's database threads (inference/openai_api/db.py).
+django_application = LanedASGIHandler()
 
 FRONT_DOOR_PREFIX = "/v1/"
 front_door = FrontDoorHandler()

@@ -55,6 +55,12 @@ app.conf.update(
             "schedule": settings.RENQ_EXPIRE_INTERVAL_S,
             "options": {"expires": settings.RENQ_EXPIRE_INTERVAL_S * 2},
         },
+        # Aging across all workers: a job past its tier's threshold is re-published a tier up.
+        "promote-waiting": {
+            "task": "inference.promote",
+            "schedule": settings.RENQ_AGING_INTERVAL_S,
+            "options": {"expires": settings.RENQ_AGING_INTERVAL_S * 2},
+        },
     },
 )
 app.autodiscover_tasks()

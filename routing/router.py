@@ -204,13 +204,8 @@ class Router:
             if local.available:
                 wait = request.workers.predicted_wait()
                 if wait.meets_target:
-                    return RoutingDecision(
-                        local.backend,
-                        f"local: predicted wait {wait.wait_s:.2f} s ({wait.jobs_ahead} jobs at "
-                        f"{wait.throughput_jobs_s:.1f}/s) meets the {tier} target "
-                        f"{wait.target_s:g} s",
-                        wait.wait_s,
-                        {local.backend.name: round(wait.wait_s, 6)},
+                    return _local_decision(
+                        local.backend, wait, tier, {local.backend.name: round(wait.wait_s, 6)}
                     )
         candidates = [self.assess(entry, request) for entry in entries]
         self.score(candidates)
@@ -222,14 +217,7 @@ class Router:
             wait = request.workers.predicted_wait()
             scores[local.backend.name] = round(wait.wait_s, 6)
             if local.available and wait.meets_target:
-                return RoutingDecision(
-                    local.backend,
-                    f"local: predicted wait {wait.wait_s:.2f} s ({wait.jobs_ahead} jobs at "
-                    f"{wait.throughput_jobs_s:.1f}/s) meets the {tier} target "
-                    f"{wait.target_s:g} s",
-                    wait.wait_s,
-                    scores,
-                )
+                return _local_decision(local.backend, wait, tier, scores)
             local_note = (
                 f"local {local.why_not}; "
                 if not local.available
@@ -312,3 +300,14 @@ class Router:
 
 def _skips(candidates: Sequence[Candidate]) -> str:
     return "; ".join(f"{c.backend.name}: {c.why_not}" for c in candidates if not c.available)
+
+
+def _local_decision(backend, wait: LocalWait, tier: str, scores: dict) -> RoutingDecision:
+    """The local workers, because their predicted wait meets the tier's target."""
+    return RoutingDecision(
+        backend,
+        f"local: predicted wait {wait.wait_s:.2f} s ({wait.jobs_ahead} jobs at "
+        f"{wait.throughput_jobs_s:.1f}/s) meets the {tier} target {wait.target_s:g} s",
+        wait.wait_s,
+        scores,
+    )

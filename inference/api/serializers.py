@@ -15,6 +15,27 @@ class JobInputField(serializers.JSONField):
     """The job's input: an object whose fields depend on the service's kind (see the README)."""
 
 
+@extend_schema_field(
+    {
+        "type": "object",
+        "nullable": True,
+        "additionalProperties": True,
+        "description": "The job's result, by service kind (see the README). Embeddings: "
+        '`{"embeddings": [[float, ...], ...], "dim": n}`; with `encoding_format=base64` each '
+        "vector is a base64 string of its little-endian float32 values (as OpenAI sends them).",
+    }
+)
+class JobResultField(serializers.Field):
+    """The job's result as stored, its embedding vectors (kept as float32 bytes, see
+    inference.vectors) encoded as the request asked: `context["encoding_format"]`."""
+
+    def __init__(self, **kwargs):
+        super().__init__(source="*", read_only=True, **kwargs)
+
+    def to_representation(self, job: Job) -> dict | None:
+        return job.result_body(self.context.get("encoding_format", "float"))
+
+
 class JobSubmitSerializer(serializers.Serializer):
     """Shape of the request; input is checked against the service kind by the submit service.
     Only documents the body (the views read it with inference.api.intake): unknown fields are
@@ -65,6 +86,7 @@ class JobSerializer(serializers.ModelSerializer):
     queue_wait_ms = serializers.FloatField(read_only=True, allow_null=True)
     total_ms = serializers.FloatField(read_only=True, allow_null=True)
     progress = serializers.SerializerMethodField()
+    result = JobResultField()
     # Routed jobs (routing/): the backend running it and why; null for unrouted services.
     backend = serializers.CharField(
         source="route.backend.name", read_only=True, default=None, allow_null=True

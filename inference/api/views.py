@@ -32,6 +32,7 @@ from inference.submission import (
     prepare,
     submit_job,
 )
+from inference.vectors import ENCODING_FORMATS
 from routing.models import JobAttempt
 
 # Request examples for the docs page (and the first cases schemathesis sends).
@@ -54,6 +55,23 @@ SUBMIT_EXAMPLES = [
 ]
 
 
+ENCODING_FORMAT_PARAMETER = OpenApiParameter(
+    "encoding_format",
+    enum=list(ENCODING_FORMATS),
+    description="How an embedding result's vectors are written: `float` lists (the default) "
+    "or `base64`, one string per vector of little-endian float32 values (OpenAI's name and "
+    "format).",
+)
+
+
+def requested_encoding(request) -> dict:
+    """The serializer context for `?encoding_format=`; another value is a 400 naming it."""
+    encoding_format = request.query_params.get("encoding_format", "float")
+    if encoding_format not in ENCODING_FORMATS:
+        raise InputError("encoding_format", f"must be one of {', '.join(ENCODING_FORMATS)}.")
+    return {"encoding_format": encoding_format}
+
+
 class JobListCreateView(generics.ListAPIView):
     serializer_class = JobSummarySerializer
     # Jobs are JSON (a form field cannot carry an input object): anything else is a 415.
@@ -61,8 +79,11 @@ class JobListCreateView(generics.ListAPIView):
 
     def get_queryset(self):
         # Pieces of bulk jobs are internal; their parent reports progress.
-        jobs = Job.objects.filter(tenant=self.request.user, parent__isnull=True).select_related(
-            "service", "route__backend"
+        # The list shows no result: its bodies (vectors above all) are not even read.
+        jobs = (
+            Job.objects.filter(tenant=self.request.user, parent__isnull=True)
+            .select_related("service", "route__backend")
+            .defer("result", "result_vectors")
         )
         status_filter = self.request.query_params.get("status")
         if status_filter is not None:  # `status=` is not "any status": it is no status at all
@@ -87,6 +108,7 @@ class JobListCreateView(generics.ListAPIView):
 
     @extend_schema(
         request=JobSubmitSerializer,
+        parameters=[ENCODING_FORMAT_PARAMETER],
         responses={
             202: JobAcceptedSerializer,
             200: JobAcceptedSerializer,
@@ -98,8 +120,10 @@ class JobListCreateView(generics.ListAPIView):
         "An `Idempotency-Key` header returns the job it first created (24 h).",
     )
     def post(self, request):
+        # A cache hit answers with its result: encoded as asked, checked before any job exists.
+        context = requested_encoding(request)
         if isinstance(request.data, list):
-            return self._post_many(request)
+            return self._post_many(request, context)
         fields = job_fields(request.data)
         job = submit_job(
             tenant=request.user,
@@ -112,11 +136,11 @@ class JobListCreateView(generics.ListAPIView):
         )
         replayed = getattr(job, "replayed", False)
         return Response(
-            JobAcceptedSerializer(job).data,
+            JobAcceptedSerializer(job, context=context).data,
             status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED,
         )
 
-    def _post_many(self, request):
+    def _post_many(self, request, context: dict):
         items = request.data
         if not items or len(items) > MAX_JOBS_PER_REQUEST:
             raise InputError("body", f"must list 1 to {MAX_JOBS_PER_REQUEST} jobs.")
@@ -152,7 +176,7 @@ class JobListCreateView(generics.ListAPIView):
             raise InputError(first["field"], first["message"].split(": ", 1)[-1])
         jobs = accept(tenant, [r for _, r in valid], actor=requested_actor(request))
         for (i, _), job in zip(valid, jobs, strict=True):
-            results[i] = JobAcceptedSerializer(job).data
+            results[i] = JobAcceptedSerializer(job, context=context).data
         return Response(
             {"accepted": len(valid), "rejected": len(items) - len(valid), "jobs": results},
             status=status.HTTP_202_ACCEPTED,
@@ -193,14 +217,18 @@ def _own_jobs(request):
 
 
 class JobDetailView(APIView):
-    @extend_schema(responses={200: JobSerializer, **error_responses(404)})
+    @extend_schema(
+        parameters=[ENCODING_FORMAT_PARAMETER],
+        responses={200: JobSerializer, **error_responses(400, 404)},
+    )
     def get(self, request, job_id):
+        context = requested_encoding(request)
         attempts = Prefetch(
             "routing_attempts",
             queryset=JobAttempt.objects.select_related("backend").order_by("started_at", "id"),
         )
         job = get_object_or_404(_own_jobs(request).prefetch_related(attempts), pk=job_id)
-        return Response(JobSerializer(job).data)
+        return Response(JobSerializer(job, context=context).data)
 
     @extend_schema(responses={200: JobSerializer, **error_responses(404, 409)})
     def delete(self, request, job_id):

@@ -6,6 +6,7 @@ mean Pooling → Normalize), done with plain transformers so the worker needs no
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import AutoModel, AutoTokenizer
@@ -14,7 +15,8 @@ from inference.engines.base import Engine, encoder_max_length, pad_token_rows
 
 
 class EmbeddingEngine(Engine):
-    """payload {"texts": [...], "normalize": true} → {"embeddings": [[float, ...]], "dim": int}.
+    """payload {"texts": [...], "normalize": true} → {"embeddings": float32 array (texts × dim),
+    "dim": int}.
 
     normalize defaults to true (unit-length vectors, so a dot product is the cosine).
     """
@@ -66,13 +68,21 @@ class EmbeddingEngine(Engine):
                 for position, unit_index in enumerate(bucket):
                     vectors[unit_index] = pooled[position]
 
-        results: list[dict] = [{"embeddings": [], "dim": self.dim} for _ in payloads]
+        per_job: list[list[torch.Tensor]] = [[] for _ in payloads]
         for unit_index, vector in enumerate(vectors):
             payload = payloads[owners[unit_index]]
             if payload.get("normalize", True):
                 vector = F.normalize(vector, p=2, dim=0)
-            results[owners[unit_index]]["embeddings"].append(vector.tolist())
-        return results
+            per_job[owners[unit_index]].append(vector)
+        # One float32 array per job: stored as bytes as it is (inference.vectors), never
+        # turned into Python floats on the worker.
+        return [
+            {
+                "embeddings": torch.stack(rows).numpy() if rows else np.empty((0, self.dim), "<f4"),
+                "dim": self.dim,
+            }
+            for rows in per_job
+        ]
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

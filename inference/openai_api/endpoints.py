@@ -11,9 +11,6 @@ batch line gets exactly the answer the same request would get on its own.
 
 from __future__ import annotations
 
-import base64
-import math
-import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,34 +107,24 @@ def _build_embeddings(body: dict, service: Service) -> tuple[dict, dict]:
     return {"texts": texts}, {"encoding_format": encoding_format, "dimensions": dimensions}
 
 
-def shorten_embedding(vector: list[float], dimensions: int) -> list[float]:
-    """The first `dimensions` values, L2-normalised again (what OpenAI's `dimensions` does)."""
-    kept = vector[:dimensions]
-    norm = math.sqrt(sum(v * v for v in kept))
-    return [v / norm for v in kept] if norm > 0 else kept
-
-
-def encode_base64(vector: list[float]) -> str:
-    """Little-endian float32, as OpenAI sends it (the SDK decodes with numpy's float32)."""
-    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode("ascii")
-
-
 def _render_embeddings(job: Job, options: dict) -> dict:
-    vectors = job.result["embeddings"]
+    # The stored float32 bytes (inference.vectors): base64 is encoded from them directly.
+    matrix = job.embedding_matrix()
+    if matrix is None:
+        raise ValueError(f"job {job.pk} has no embeddings")
     dimensions = options.get("dimensions")
     if dimensions is not None:
-        size = job.result.get("dim") or (len(vectors[0]) if vectors else 0)
-        if dimensions > size:
+        if dimensions > matrix.dim:
             raise bad_request(
-                f"dimensions {dimensions} is larger than the model's {size}.", "dimensions"
+                f"dimensions {dimensions} is larger than the model's {matrix.dim}.", "dimensions"
             )
-        vectors = [shorten_embedding(v, dimensions) for v in vectors]
-    encode = encode_base64 if options.get("encoding_format") == "base64" else list
+        matrix = matrix.truncated(dimensions)
+    vectors = matrix.encoded(options.get("encoding_format") or "float")
     tokens = _usage_tokens(job)
     return {
         "object": "list",
         "data": [
-            {"object": "embedding", "index": i, "embedding": encode(vector)}
+            {"object": "embedding", "index": i, "embedding": vector}
             for i, vector in enumerate(vectors)
         ],
         "model": job.service.name,

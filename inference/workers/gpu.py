@@ -12,7 +12,11 @@ is waiting, for at most DRAIN_LIMIT_S, then the task returns and Celery acks the
 Preemption happens between forward passes: before starting a batch of non-realtime work that
 was formed during the previous pass, the runner looks for realtime work and runs it first. A
 realtime job therefore waits for at most the batch already running, whose length the cost
-model and the preemption budget bound (inference.cost_model).
+model and the preemption budget bound (inference.cost_model). A non-realtime generation (an
+engine that is `resumable`: the LLM) longer than the budget runs in chunks of decode steps: a
+pass that leaves it unfinished puts it back, still claimed and its message unacked, at the
+front of the jobs waiting here, and a later pass continues it; only its final outcome is
+stored.
 
 A message is acked only once every job it carries has its outcome stored; on any error the
 unacked messages go back to their queues, and their jobs' claims are taken over on redelivery.
@@ -26,7 +30,8 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import datetime
 
 from django.conf import settings
 from django.utils import timezone
@@ -34,8 +39,9 @@ from django.utils import timezone
 from inference import metrics
 from inference.batching import BatchItem, BatchWindow
 from inference.config.changes import ConfigWatcher
-from inference.cost_model import BatchCostModel, preemption_budget_s
+from inference.cost_model import BatchCostModel, pass_target_s
 from inference.engines import load_engine
+from inference.engines.llm import RESUME
 from inference.kinds import kind_of
 from inference.log_fields import job_fields
 from inference.lookups import RECHECK_INTERVAL_S
@@ -60,6 +66,11 @@ DRAIN_LIMIT_S = 20.0
 # pull, claim and tokenize it, late enough that work arriving meanwhile is taken in priority
 # order (tier, then plan) rather than in order of arrival.
 FORM_AHEAD_S = 0.05
+# One read of the service's cost model serves the loop this long (its own batches refresh it).
+COST_MODEL_REUSE_S = 1.0
+# Chunked decoding: the fewest decode steps a pass gives an unfinished generation, however
+# small the budget, so that it always makes progress.
+MIN_DECODE_STEPS = 8
 
 
 # The configuration change marker, read before a batch at most as often as the web's caches do.
@@ -80,6 +91,7 @@ class BatchReport:
     failed: int = 0
     requeued: int = 0
     batches: int = 0
+    continued: int = 0  # passes that left a generation unfinished, to continue in a later one
     seed_failed: bool = False
     tiers: list[str] = field(default_factory=list)
 
@@ -88,12 +100,26 @@ class BatchReport:
 
 
 @dataclass
+class Resume:
+    """A generation that earlier passes left unfinished (chunked decoding)."""
+
+    state: dict  # the engine's, to continue from (under RESUME in its payload)
+    passes: int
+    inference_ms: float  # over its passes so far
+    started_at: datetime | None
+    stream_seq: int = 0  # the next piece of streamed text's sequence number
+    first_text_at: float | None = None
+
+
+@dataclass
 class Held:
-    """A job this worker has claimed and not yet run."""
+    """A job this worker has claimed and not yet run (or not run to its end)."""
 
     job: Job
     claim: Claim
     item: BatchItem | None = None
+    steps: int | None = None  # decode steps its next pass may take (None: to the end)
+    resume: Resume | None = None
 
 
 class MessageLedger:
@@ -155,7 +181,7 @@ class BatchRunner:
             return report.as_dict()
         reader = self._readers.get(service.name)
         if reader is not None and seed_tier:
-            reader.share.served(Tier(seed_tier))
+            reader.share.served(Tier(seed_tier), len(seed_claim.jobs))
 
         loop = _Drain(self, service, engine, reader, worker, report)
         loop.pending.extend(Held(job, seed_claim) for job in seed_claim.jobs)
@@ -187,8 +213,8 @@ class BatchRunner:
             logger.warning("could not settle %d pulled messages", len(messages), exc_info=True)
             self._readers.discard(service_name)
 
-    def infer(self, engine, jobs: list[Job], tokens: list[int]) -> Future:
-        return self._model_thread.submit(forward_pass, engine, jobs, tokens)
+    def infer(self, engine, jobs: list[Job], tokens: list[int], plans=None) -> Future:
+        return self._model_thread.submit(forward_pass, engine, jobs, tokens, plans)
 
 
 class _Drain:
@@ -204,9 +230,9 @@ class _Drain:
         self.pending: deque[Held] = deque()
         self.ledger = MessageLedger()
         self.failed_ids: set[str] = set()
-        self.cost_model = BatchCostModel(service.name, engine.device)
+        self.cost_model = BatchCostModel(service.name, engine.device, reuse_s=COST_MODEL_REUSE_S)
         self.padding = getattr(engine, "max_padding_ratio", 0.0)
-        self.budget_s = preemption_budget_s(service)
+        self.max_run_s = pass_target_s(service)
         self.pull_until = time.monotonic() + DRAIN_LIMIT_S
         self.started_at = 0.0
 
@@ -224,6 +250,8 @@ class _Drain:
             self.wait_until_due(held, future)
             upcoming = self.form() if self.pending or self.pulling else []
             outcomes = self.wait(held, future)
+            if self.carry_on(held, outcomes) and not upcoming:
+                upcoming = self.form()  # what it left unfinished continues
             upcoming = self.realtime_first(upcoming)
             running = (upcoming, self.start(upcoming)) if upcoming else None
             # While the next batch runs: store this one's outcomes, ack finished messages.
@@ -245,8 +273,12 @@ class _Drain:
     def start(self, batch: list[Held]) -> Future:
         self.report.batches += 1
         self.started_at = time.monotonic()
+        plans = [(h.steps, h.resume) for h in batch]
         return self.runner.infer(
-            self.engine, [h.job for h in batch], [h.item.tokens for h in batch]
+            self.engine,
+            [h.job for h in batch],
+            [h.item.tokens for h in batch],
+            plans if any(steps or resume for steps, resume in plans) else None,
         )
 
     def wait(self, batch: list[Held], future: Future) -> list[Outcome]:
@@ -261,6 +293,28 @@ class _Drain:
             future.exception()  # wait for the model thread to be free again
             error = f"the forward pass exceeded the service's inference_timeout ({limit_s:g} s)"
             return [Outcome(job=h.job, error=error, started_at=started_at) for h in batch]
+
+    def carry_on(self, batch: list[Held], outcomes: list[Outcome]) -> bool:
+        """Generations the pass left unfinished go back to the front of the line, claimed,
+        to continue after whatever realtime work arrived meanwhile. True if there were any."""
+        unfinished = []
+        for held, outcome in zip(batch, outcomes, strict=True):
+            if not left_unfinished(outcome):
+                continue
+            before = held.resume
+            held.resume = Resume(
+                state=outcome.result[RESUME],
+                passes=(before.passes if before else 0) + 1,
+                inference_ms=(before.inference_ms if before else 0.0) + outcome.inference_ms,
+                started_at=before.started_at if before else outcome.started_at,
+                stream_seq=outcome.result.get("stream_seq", 0),
+                first_text_at=outcome.result.get("first_text_at"),
+            )
+            held.item = None  # sized again for its next pass
+            unfinished.append(held)
+        self.report.continued += len(unfinished)
+        self.pending.extendleft(reversed(unfinished))
+        return bool(unfinished)
 
     def realtime_first(self, upcoming: list[Held]) -> list[Held]:
         """A batch formed during the previous pass yields to realtime work that arrived
@@ -282,24 +336,42 @@ class _Drain:
             fresh = Service.objects.filter(name=self.service.name).first()
             if fresh is not None:
                 self.service = fresh
-                self.budget_s = preemption_budget_s(fresh)
+                self.max_run_s = pass_target_s(fresh)
         cost = self.cost_model.current()
         return BatchWindow(
             max_jobs=self.service.batch_size,
             timeout_s=self.service.batch_timeout,
             max_tokens=self.service.max_total_tokens,
-            max_run_s=self.budget_s,
+            max_run_s=self.max_run_s,
             predict_s=lambda tokens: cost.predict_s(tokens, padding_ratio=self.padding),
         )
 
     def item(self, held: Held) -> BatchItem:
         if held.item is None:
-            held.item = BatchItem(
-                value=held,
-                tokens=self.engine.count_tokens(engine_payload(held.job)),
-                realtime=held.job.tier == Tier.REALTIME,
-            )
+            payload = engine_payload(held.job)
+            if held.resume is not None:
+                payload = {**payload, RESUME: held.resume.state}
+            realtime = held.job.tier == Tier.REALTIME
+            tokens = self.engine.count_tokens(payload)
+            held.steps = None if realtime else self.decode_steps(payload, tokens)
+            if held.steps is not None:
+                tokens = self.engine.decode_progress(payload)[0] + held.steps
+            held.item = BatchItem(value=held, tokens=tokens, realtime=realtime)
         return held.item
+
+    def decode_steps(self, payload: dict, tokens: int) -> int | None:
+        """Chunked decoding: the decode steps a non-realtime generation may take in one pass,
+        so that the pass (prompt + tokens generated so far + these steps) is predicted to fit
+        the preemption budget; None when the rest of it fits."""
+        if not getattr(self.engine, "resumable", False):
+            return None
+        cost = self.cost_model.current()
+        limit = cost.tokens_within(self.max_run_s, padding_ratio=self.padding)
+        if tokens <= limit:
+            return None
+        context, left = self.engine.decode_progress(payload)
+        steps = max(MIN_DECODE_STEPS, limit - context)
+        return steps if steps < left else None
 
     def form(
         self, *, only_realtime: bool = False, pending_first: bool = True, pull: bool = False
@@ -334,32 +406,58 @@ class _Drain:
             # A realtime batch takes only other realtime jobs: P0 never waits behind a big
             # batch of offline work in its own forward pass.
             realtime = only_realtime or window.has_realtime
-            pm = self.reader.get([Tier.REALTIME] if realtime else None)
-            if pm is not None:
-                self.admit(pm, window)
+            if not realtime and window.items and window.likely_room() == 0:
+                # Nothing more is predicted to fit: a job claimed now would only wait here,
+                # counted in its tier's share before it runs.
+                return
+            pulled = self.pull(window, realtime=realtime)
+            if pulled:
+                self.admit(pulled, window)
                 continue
             if not window.items or window.should_close():
                 return
             time.sleep(min(POLL_INTERVAL_S, window.remaining_s()))
 
-    def admit(self, pm: PulledMessage, window: BatchWindow) -> None:
+    def pull(self, window: BatchWindow, *, realtime: bool) -> list[PulledMessage]:
+        """As many waiting messages as the window is likely to take, to claim together: one
+        claim per batch instead of one per message (each is a Postgres round trip between
+        forward passes). Stops at a realtime message, which changes what the window takes."""
+        pulled: list[PulledMessage] = []
+        room = max(1, window.likely_room())
+        jobs = 0
+        while jobs < room:
+            pm = self.reader.get([Tier.REALTIME] if realtime else None)
+            if pm is None:
+                break
+            pulled.append(pm)
+            jobs += len(pm.job_ids)
+            if pm.tier == Tier.REALTIME and not realtime:
+                break
+        return pulled
+
+    def admit(self, pulled: list[PulledMessage], window: BatchWindow) -> None:
         try:
             claim = Job.objects.claim(
-                pm.job_ids,
-                redelivered_ids=pm.job_ids if pm.redelivered else [],
+                [job_id for pm in pulled for job_id in pm.job_ids],
+                redelivered_ids=[i for pm in pulled if pm.redelivered for i in pm.job_ids],
                 worker=self.worker,
             )
         except BaseException:
-            # Not in the ledger yet, so the run's failure handler would not hand it back: it
-            # would stay unacked on this reader's live channel until the lost-message sweep.
-            self.runner._settle(self.service.name, [pm], ack=False)
+            # Not in the ledger yet, so the run's failure handler would not hand them back:
+            # they would stay unacked on this reader's live channel until the lost-message sweep.
+            self.runner._settle(self.service.name, pulled, ack=False)
             raise
         self.runner._note_claim(claim, self.report)
-        if not claim.jobs:
-            # Duplicates, cancelled, expired or finished jobs: nothing to run.
-            self.runner._settle(self.service.name, [pm], ack=True)
-            return
-        self.ledger.track(pm, {str(job.pk) for job in claim.jobs})
+        claimed_ids = {str(job.pk) for job in claim.jobs}
+        for pm in pulled:
+            mine = claimed_ids.intersection(pm.job_ids)
+            if self.reader is not None:
+                self.reader.claimed(pm, len(mine))
+            if mine:
+                self.ledger.track(pm, mine)
+            else:
+                # Duplicates, cancelled, expired or finished jobs: nothing to run.
+                self.runner._settle(self.service.name, [pm], ack=True)
         for job in claim.jobs:
             held = Held(job, claim)
             # What does not fit waits here, claimed, for the next batch of this loop.
@@ -375,9 +473,20 @@ class _Drain:
         report.tiers = sorted(set(report.tiers) | {h.job.tier for h in batch})
         if outcomes[0].inference_ms is not None and outcomes[0].batch_size == len(batch):
             self.cost_model.observe_batch(
-                outcomes[0].inference_ms / 1000, sum(h.item.tokens for h in batch)
+                outcomes[0].inference_ms / 1000, sum(o.tokens for o in outcomes)
             )
         metrics.observe_batch(self.service, outcomes)
+        # Generations left unfinished went back to the line (carry_on); the rest are stored,
+        # with what their earlier passes took.
+        finished = [
+            (held, self.whole(held, outcome))
+            for held, outcome in zip(batch, outcomes, strict=True)
+            if not left_unfinished(outcome)
+        ]
+        if not finished:
+            return
+        batch = [held for held, _ in finished]
+        outcomes = [outcome for _, outcome in finished]
         for outcome in outcomes:
             if outcome.result and "first_token_ms" in outcome.result:
                 metrics.observe_time_to_first_token(
@@ -397,24 +506,59 @@ class _Drain:
         report.failed += sum(o.result is None for o in outcomes)
         self.failed_ids |= {str(o.job.pk) for o in outcomes if o.result is None}
         # Outcomes are stored: only now may RabbitMQ forget the messages.
-        finished = self.ledger.finished({str(h.job.pk) for h in batch})
-        self.runner._settle(self.service.name, finished, ack=True)
+        acked = self.ledger.finished({str(h.job.pk) for h in batch})
+        self.runner._settle(self.service.name, acked, ack=True)
+
+    def whole(self, held: Held, outcome: Outcome) -> Outcome:
+        """The outcome of a generation over all of its passes (its last one's otherwise)."""
+        if held.resume is None:
+            return outcome
+        payload = {**engine_payload(held.job), RESUME: held.resume.state}
+        return replace(
+            outcome,
+            started_at=held.resume.started_at or outcome.started_at,
+            inference_ms=None
+            if outcome.inference_ms is None
+            else held.resume.inference_ms + outcome.inference_ms,
+            # As if run at once: prompt + its whole budget, the tokens an attempt records.
+            tokens=self.engine.count_tokens(payload),
+        )
 
 
-def forward_pass(engine, jobs: list[Job], tokens: list[int]) -> list[Outcome]:
-    """Run the jobs together (in the model thread); one outcome per job, in order."""
+def left_unfinished(outcome: Outcome) -> bool:
+    """The pass stopped this generation early (chunked decoding): its result is the engine's
+    state to continue from, not an outcome to store."""
+    return outcome.result is not None and RESUME in outcome.result
+
+
+def forward_pass(
+    engine, jobs: list[Job], tokens: list[int], plans: list[tuple] | None = None
+) -> list[Outcome]:
+    """Run the jobs together (in the model thread); one outcome per job, in order.
+
+    `plans`, for chunked decoding: per job (decode steps this pass may take or None, the
+    Resume of a generation that continues or None). A job the pass leaves unfinished has
+    the engine's state as its result, under RESUME."""
     started_at = timezone.now()
     started = time.perf_counter()
     payloads = [engine_payload(job) for job in jobs]
+    resumed = {i: resume for i, (_, resume) in enumerate(plans or []) if resume is not None}
+    for i, resume in resumed.items():
+        payloads[i] = {**payloads[i], RESUME: resume.state}
+    kwargs = {}
+    if plans is not None:
+        kwargs["max_steps"] = [steps for steps, _ in plans]
     relay = None
     if any(payload.get("stream") for payload in payloads):
         # Generated text goes out as it is produced (inference.streaming).
-        relay = TextRelay({i: job.pk for i, job in enumerate(jobs)})
+        relay = TextRelay(
+            {i: job.pk for i, job in enumerate(jobs)},
+            sequence={i: r.stream_seq for i, r in resumed.items()},
+            first_text_at={i: r.first_text_at for i, r in resumed.items() if r.first_text_at},
+        )
+        kwargs["on_text"] = relay
     try:
-        if relay is not None:
-            results = engine.run_batch(payloads, on_text=relay)
-        else:
-            results = engine.run_batch(payloads)
+        results = engine.run_batch(payloads, **kwargs)
     except Exception as exc:
         if len(jobs) == 1:
             logger.exception("job %s failed", jobs[0].pk, extra=job_fields(jobs[0]))
@@ -431,12 +575,20 @@ def forward_pass(engine, jobs: list[Job], tokens: list[int]) -> list[Outcome]:
         logger.exception("batch of %d failed; isolating", len(jobs), extra=job_fields(jobs[0]))
         return [
             outcome
-            for job, n in zip(jobs, tokens, strict=True)
-            for outcome in forward_pass(engine, [job], [n])
+            for i, (job, n) in enumerate(zip(jobs, tokens, strict=True))
+            for outcome in forward_pass(engine, [job], [n], plans and [plans[i]])
         ]
     elapsed_ms = (time.perf_counter() - started) * 1000
     if relay is not None:
         for index, first_at in relay.first_text_at.items():
+            if RESUME in results[index]:
+                # Where its stream goes on in the next pass.
+                results[index] = {
+                    **results[index],
+                    "stream_seq": relay.sequence.get(index, 0),
+                    "first_text_at": first_at,
+                }
+                continue
             # Time to first token, from submission: queue wait plus prefill plus one step.
             ttft_ms = (first_at - jobs[index].created_at.timestamp()) * 1000
             results[index] = {**results[index], "first_token_ms": round(ttft_ms, 3)}

@@ -92,10 +92,17 @@ def republish_lost_messages(now=None, *, lost_after_s: float = LOST_MESSAGE_AFTE
     return sum(publish(job) for job in waiting if targets[job.pk] in empty)
 
 
+# One promotion run moves at most this many jobs (in pieces of PROMOTION_CHUNK, oldest first).
+PROMOTION_CHUNK = 1000
+MAX_PROMOTIONS_PER_RUN = 50_000
+
+
 def promote_waiting_jobs(now=None) -> int:
     """Aging for every worker at once: a queued job that has waited in its tier's queue past
     the tier's aging threshold is re-published one tier up (never into realtime), and again
-    after the next tier's threshold. The copy left in the old queue is dropped at claim."""
+    after the next tier's threshold. The copy left in the old queue is dropped at claim.
+    Every due job moves in one run (run every RENQ_AGING_INTERVAL_S): a backlog submitted at
+    once comes due at once, and promoting 1,000 a run left P3 jobs 18 s past their bound."""
     now = now or timezone.now()
     policies = tier_policies()
     promoted = 0
@@ -115,14 +122,20 @@ def promote_waiting_jobs(now=None) -> int:
                 parent__isnull=True,
                 created_at__lt=now - timedelta(seconds=entered_at_s),
             )
-            # The longest-waiting first: past 1,000 due at once, the oldest must not wait on.
-            ids = list(waiting.order_by("created_at").values_list("pk", flat=True)[:1000])
-            if ids:
+            while promoted < MAX_PROMOTIONS_PER_RUN:
+                # The longest-waiting first.
+                ids = list(
+                    waiting.order_by("created_at").values_list("pk", flat=True)[:PROMOTION_CHUNK]
+                )
+                if not ids:
+                    break
                 Job.objects.filter(pk__in=ids, tier=own).promote(up)
                 jobs = Job.objects.filter(pk__in=ids, serving_tier=up).select_related(
                     "service", "route__backend"
                 )
                 promoted += publish_many(list(jobs))
+                if len(ids) < PROMOTION_CHUNK:
+                    break
             current = up
     return promoted
 
@@ -242,7 +255,6 @@ def sweep_jobs() -> dict:
         "rescued": rescue_stranded_jobs(),
         "recovered": recover_stale_claims(),
         "expired": expire_overdue(),
-        "promoted": promote_waiting_jobs(),
         "bulks_finished": finish_stalled_bulks(),
         "batches_restarted": restart_stalled_batches(),  # the Batch API (inference.batches)
     }

@@ -99,6 +99,9 @@ def parse_embeddings(body: Mapping, payload: Mapping) -> tuple[dict, int, int]:
     vectors = [[float(x) for x in row["embedding"]] for row in rows]
     if len(vectors) != len(payload["texts"]):
         raise ValueError(f"{len(vectors)} embeddings for {len(payload['texts'])} texts")
+    if len({len(vector) for vector in vectors}) > 1:
+        # renq stores a job's vectors as one count × dim float32 matrix.
+        raise ValueError("embeddings of different lengths")
     usage = body.get("usage") or {}
     tokens = int(usage.get("prompt_tokens") or usage.get("total_tokens") or 0)
     return {"embeddings": vectors, "dim": len(vectors[0]) if vectors else 0}, tokens, 0

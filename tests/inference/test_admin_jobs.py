@@ -40,3 +40,18 @@ def test_job_list_shows_backend_and_times_and_filters_by_backend(admin_client, m
     for query in ("tier__exact=batch", "status__exact=queued", f"tenant__id__exact={tenant.pk}",
                   f"service__id__exact={service.pk}"):  # fmt: skip
         assert admin_client.get(f"/admin/inference/job/?{query}").status_code == 200
+
+
+def test_job_page_summarises_the_vectors_instead_of_printing_bytes(admin_client, make_tenant,
+                                                                   make_service):  # fmt: skip
+    from inference.vectors import split_result
+
+    tenant, _ = make_tenant()
+    result, packed = split_result({"embeddings": [[0.5] * 4] * 3, "dim": 4})
+    job = Job.objects.create(tenant=tenant, service=make_service("embedding"), tier="api",
+                             input={"texts": ["a", "b", "c"]}, status="succeeded",
+                             result=result, result_vectors=packed)  # fmt: skip
+    page = admin_client.get(f"/admin/inference/job/{job.pk}/change/")
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "3 × 4 float32 (48 bytes)" in text and "memory at" not in text

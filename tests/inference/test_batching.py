@@ -103,14 +103,21 @@ def make_reader(backlog: dict[Tier, int], weights=None):
     return reader
 
 
+def take(reader):
+    """What the worker does: pull a message, claim its jobs (all of them, here)."""
+    pulled = reader.get()
+    reader.claimed(pulled, len(pulled.job_ids))
+    return pulled
+
+
 def test_reader_takes_realtime_first_always():
     reader = make_reader({Tier.OFFLINE: 5, Tier.REALTIME: 3, Tier.BATCH: 5, Tier.API: 5})
-    assert [reader.get().tier for _ in range(3)] == [Tier.REALTIME] * 3
+    assert [take(reader).tier for _ in range(3)] == [Tier.REALTIME] * 3
 
 
 def test_weighted_share_below_realtime_is_5_3_2_and_nobody_starves():
     reader = make_reader({Tier.API: 1000, Tier.BATCH: 1000, Tier.OFFLINE: 1000})
-    taken = [reader.get().tier for _ in range(1000)]
+    taken = [take(reader).tier for _ in range(1000)]
     counts = Counter(taken)
     assert counts[Tier.API] == pytest.approx(500, abs=5)
     assert counts[Tier.BATCH] == pytest.approx(300, abs=5)
@@ -122,10 +129,10 @@ def test_weighted_share_below_realtime_is_5_3_2_and_nobody_starves():
 
 def test_an_empty_tier_banks_no_credit():
     reader = make_reader({Tier.API: 100})
-    assert [reader.get().tier for _ in range(50)] == [Tier.API] * 50
+    assert [take(reader).tier for _ in range(50)] == [Tier.API] * 50
     # Offline work arrives after a quiet spell: it gets its share, not a burst of 50.
     reader._queues[Tier.OFFLINE].messages.extend(FakeMessage(f"late-{i}") for i in range(50))
-    taken = [reader.get().tier for _ in range(10)]
+    taken = [take(reader).tier for _ in range(10)]
     assert 2 <= taken.count(Tier.OFFLINE) <= 4
 
 
@@ -164,7 +171,41 @@ def test_the_share_counts_jobs_not_messages():
     )
     jobs = Counter()
     for _ in range(300):
-        pulled = reader.get()
+        pulled = take(reader)
         jobs[pulled.tier] += len(pulled.job_ids)
     # api : offline = 5 : 2 in jobs (not in messages, which would give offline 8 × its share).
     assert jobs[Tier.OFFLINE] / jobs[Tier.API] == pytest.approx(2 / 5, rel=0.1)
+
+
+def test_messages_whose_jobs_cannot_run_cost_their_tier_no_share():
+    # The api queue's head: 40 messages of jobs that expired while queued (claimed: 0).
+    reader = make_reader({Tier.API: 40, Tier.BATCH: 1000, Tier.OFFLINE: 1000})
+    reader._queues[Tier.API].messages.extend(FakeMessage(f"live-{i}") for i in range(500))
+    taken = Counter()
+    for _ in range(540):
+        pulled = reader.get()
+        dead = pulled.tier == Tier.API and not pulled.job_ids[0].startswith("live-")
+        reader.claimed(pulled, 0 if dead else 1)
+        if not dead:
+            taken[pulled.tier] += 1
+    # The live api jobs behind the dead ones still get api's 5 of every 10 jobs run.
+    assert taken[Tier.API] / sum(taken.values()) == pytest.approx(0.5, abs=0.02)
+
+
+def test_likely_room_is_how_many_more_such_jobs_fit():
+    w = BatchWindow(
+        max_jobs=64,
+        timeout_s=10,
+        max_tokens=1000,
+        max_run_s=0.5,
+        predict_s=lambda tokens: tokens / 1000,  # 1 ms per token
+    )
+    assert w.likely_room() == 1  # empty: the first job's size is unknown
+    assert w.offer(BatchItem("a", tokens=100))
+    assert w.likely_room() == 4  # 500 tokens = the 0.5 s run budget
+    w.max_run_s = None
+    assert w.likely_room() == 9  # then the 1,000-token budget
+    w.max_jobs = 3
+    assert w.likely_room() == 2
+    w.max_jobs, w.max_tokens = 64, 150
+    assert w.likely_room() == 0  # another such job would not fit: none worth claiming now

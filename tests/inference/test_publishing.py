@@ -66,3 +66,49 @@ def test_a_dead_claim_of_a_routed_job_is_recovered_on_its_backend(
     assert done.status == JobStatus.SUCCEEDED, done.error
     assert done.attempts == 2
     assert JobAttempt.objects.get(job=done).backend == free
+
+
+def test_a_submission_is_published_with_no_second_write_to_its_job(make_tenant, make_service):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from inference.publishing import ready_message_counts
+    from inference.queues import service_queues, tier_queue
+    from inference.submission import submit_job
+    from tests.conftest import purge_test_queues
+
+    make_service("noop", name="one-write")  # no worker: the message stays in its queue
+    purge_test_queues(service_queues("one-write"))
+    tenant, _ = make_tenant()
+    with CaptureQueriesContext(connection) as queries:
+        job = submit_job(tenant=tenant, service_name="one-write", payload={"texts": ["x"]})
+    job_updates = [q["sql"] for q in queries if q["sql"].startswith('UPDATE "inference_job"')]
+    assert job_updates == []
+    job.refresh_from_db()
+    assert job.published_at == job.created_at
+    assert ready_message_counts([tier_queue("one-write", job.tier)]) == {
+        tier_queue("one-write", job.tier): 1
+    }
+
+
+def test_a_publish_that_fails_at_submission_leaves_the_job_to_the_outbox(
+    make_tenant, make_service, monkeypatch
+):
+    from inference import publishing
+    from inference.publishing import ready_message_counts
+    from inference.queues import service_queues, tier_queue
+    from inference.submission import submit_job
+    from tests.conftest import purge_test_queues
+
+    make_service("noop", name="outbox-submit")
+    purge_test_queues(service_queues("outbox-submit"))
+    tenant, _ = make_tenant()
+    with monkeypatch.context() as broker_down:
+        broker_down.setattr(publishing, "_send", lambda jobs: False)
+        job = submit_job(tenant=tenant, service_name="outbox-submit", payload={"texts": ["x"]})
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED and job.published_at is None
+    queue = tier_queue("outbox-submit", job.tier)
+    assert ready_message_counts([queue]) == {queue: 0}
+    assert republish_unpublished(older_than_s=0) == 1
+    assert ready_message_counts([queue]) == {queue: 1}

@@ -69,3 +69,31 @@ def test_each_move_is_legal_and_guarded_by_the_status_it_leaves(make_tenant, mak
 
     assert set(moves) <= set(TRANSITIONS)
     assert len(moves) == 4
+
+
+@pytest.mark.django_db
+def test_a_claim_is_one_statement_and_returns_whole_jobs(make_tenant, make_service):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    # The worker claims between forward passes: the claimed jobs come back with their input,
+    # service and tenant from the UPDATE itself, not from further queries per job.
+    tenant, _ = make_tenant("claimer")
+    service = make_service("embedding", name="claim-rows")
+    jobs = [
+        Job.objects.create(tenant=tenant, service=service, tier="batch", input={"texts": [f"t{i}"]})
+        for i in range(3)
+    ]
+    with CaptureQueriesContext(connection) as queries:
+        claim = Job.objects.claim([j.pk for j in reversed(jobs)], worker="w1")
+        seen = [
+            (str(job.pk), job.input["texts"], job.service.name, job.tenant.name, job.status)
+            for job in claim.jobs
+        ]
+    statements = [q["sql"] for q in queries if "SAVEPOINT" not in q["sql"]]
+    assert len(statements) == 1, statements
+    assert seen == [
+        (str(j.pk), j.input["texts"], "claim-rows", "claimer", JobStatus.RUNNING)
+        for j in reversed(jobs)
+    ]
+    assert claim.jobs[0].claim_token == claim.token and claim.jobs[0].worker == "w1"

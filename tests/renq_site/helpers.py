@@ -83,9 +83,12 @@ class ChildProcess:
 
 
 @contextmanager
-def asgi_web_server(name: str, *, timeout_s: float = 60) -> Iterator[str]:
+def asgi_web_server(
+    name: str, *, timeout_s: float = 60, env: dict[str, str] | None = None
+) -> Iterator[str]:
     """gunicorn with a uvicorn worker, as `make web` runs it, on the test database and a free
-    port; yields its URL once /healthz answers, stops it afterwards."""
+    port; yields its URL once /healthz answers, stops it afterwards. `env` adds to (and may
+    override) the process's environment."""
     port = free_port()
     web = ChildProcess(
         name,
@@ -99,7 +102,7 @@ def asgi_web_server(name: str, *, timeout_s: float = 60) -> Iterator[str]:
             "-w",
             "1",
         ],
-        env={"DATABASE_URL": child_database_url()},
+        env={"DATABASE_URL": child_database_url(), **(env or {})},
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -47,6 +47,18 @@ def test_official_embeddings_response(cloud, upstream):
     assert call["auth"] == f"Bearer {FAKE_API_KEY}"
 
 
+def test_embeddings_of_different_lengths_are_malformed(cloud, upstream):
+    # renq stores a job's vectors as one count × dim float32 matrix.
+    body = sample("embeddings.json")
+    body["data"] = [
+        {"object": "embedding", "index": 0, "embedding": [0.1, 0.2]},
+        {"object": "embedding", "index": 1, "embedding": [0.1]},
+    ]
+    upstream.script("cloud", mode="raw", body=body)
+    with pytest.raises(UpstreamMalformed, match="different lengths"):
+        adapter_for(cloud).call({"texts": ["a", "b"]}, "embedding")
+
+
 def test_official_chat_completion_response(cloud, upstream):
     upstream.script("cloud", mode="raw", body=sample("chat_completion.json"))
     answer = adapter_for(cloud).call({"prompt": "Hello!", "max_tokens": 16}, "llm")

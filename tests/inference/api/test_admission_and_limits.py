@@ -164,3 +164,4 @@ def test_queue_report_shows_depth_oldest_wait_and_the_preemption_budget(api, mak
     }
     assert embedding["tiers"]["batch"]["oldest_wait_s"] >= 0
     assert embedding["preemption_budget_s"] == 2.0
+    assert embedding["pass_target_s"] == 1.6  # the rest of the budget is the realtime dispatch

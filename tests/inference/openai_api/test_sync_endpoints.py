@@ -29,7 +29,7 @@ def test_embeddings_float_and_base64_equal_the_job_api(gpu_worker, client, api):
         {"service": "embedding", "priority": "realtime", "input": {"texts": TEXTS}},
         format="json",
     )
-    expected = wait_for_job(response.json()["id"]).result["embeddings"]
+    expected = wait_for_job(response.json()["id"]).embedding_matrix().tolist()
 
     assert floats.object == "list" and floats.model == "embedding"
     assert [item.index for item in floats.data] == [0, 1, 2]
@@ -42,6 +42,17 @@ def test_embeddings_float_and_base64_equal_the_job_api(gpu_worker, client, api):
         assert max(abs(a - b) for a, b in zip(got, want, strict=True)) < 1e-5
     decoded = default.data[0].embedding
     assert max(abs(a - b) for a, b in zip(decoded, expected[0], strict=True)) < 1e-5
+
+
+def test_embeddings_base64_is_the_stored_bytes(gpu_worker, client):
+    raw = client.embeddings.with_raw_response.create(
+        model="embedding", input=TEXTS, encoding_format="base64"
+    )
+    stored = bytes(Job.objects.get(pk=raw.headers["X-Renq-Job-Id"]).result_vectors)
+    row = len(stored) // len(TEXTS)
+    assert row == 384 * 4
+    sent = [base64.b64decode(item.embedding) for item in raw.parse().data]
+    assert sent == [stored[i * row : (i + 1) * row] for i in range(len(TEXTS))]
 
 
 def test_embeddings_dimensions_truncate_and_renormalise(gpu_worker, client):

@@ -143,7 +143,7 @@ def test_worker_killed_mid_batch_loses_nothing_and_runs_each_job_to_one_result(
     assert {j.status for j in done} == {JobStatus.SUCCEEDED}
     assert all(j.attempts == 2 for j in done)  # one lost run, one that stored the result
     assert all(not j.worker.endswith(f":{killed_pid}") for j in done)
-    assert all(len(j.result["embeddings"]) == 100 for j in done)
+    assert all(j.embedding_matrix().count == 100 for j in done)
 
 
 def test_bulk_job_returns_every_embedding_in_input_order(celery_worker_process, api, make_service):
@@ -194,3 +194,23 @@ def _s(seconds: float):
     from datetime import timedelta
 
     return timedelta(seconds=seconds)
+
+
+def test_waiting_messages_are_claimed_together_not_one_by_one(make_tenant, make_service):
+    # Twelve single-job messages wait before a worker starts: it runs them as one batch and
+    # claims them in one or two statements (the seed, then the rest), not twelve, because a
+    # claim is a Postgres round trip between forward passes.
+    from tests.conftest import WorkerProcess
+
+    service = make_service("noop", name="claim-together", batch_size=12, batch_timeout=1.0)
+    tenant, _ = make_tenant()
+    jobs = _jobs(tenant, service, 12, tier="batch")
+    _publish(jobs)
+    worker = WorkerProcess(services=("claim-together",), name="claim-together")
+    try:
+        done = [wait_for_job(j.pk, timeout_s=60) for j in jobs]
+    finally:
+        worker.stop()
+    assert {j.status for j in done} == {JobStatus.SUCCEEDED}
+    assert len({j.claim_token for j in done}) <= 2
+    assert {j.batch_size for j in done} == {12}

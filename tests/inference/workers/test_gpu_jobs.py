@@ -57,7 +57,7 @@ def test_unnormalised_service_returns_raw_mean_pooled_vectors(
     tenant, _ = make_tenant()
     job = submit_job(tenant=tenant, service_name="embedding", payload={"texts": ["hello world"]})
     job = wait_for_job(job.pk)
-    norm = math.sqrt(sum(x * x for x in job.result["embeddings"][0]))
+    norm = math.sqrt(sum(x * x for x in job.embedding_matrix().tolist()[0]))
     assert abs(norm - 1) > 0.01
 
 

@@ -5,6 +5,7 @@ scenarios are exact and quick."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import pytest
 from django.utils import timezone
@@ -122,3 +123,84 @@ def test_every_timeout_path_expires_or_fails_the_job_with_its_reason(
     assert too_slow.status == JobStatus.FAILED
     assert "inference_timeout (0.3 s)" in too_slow.error
     assert Job.objects.filter(pk=too_slow.pk, dead_lettered_at__isnull=True).exists()
+
+
+def test_aging_promotes_every_due_job_in_one_run(make_tenant, make_service, monkeypatch):
+    # A backlog submitted at once comes due at once: all of it moves up in one run, oldest
+    # first, not one chunk per run (which left the rest waiting past their bound).
+    from inference.config.models import SchedulerSettings
+    from inference.workers import sweeper
+
+    monkeypatch.setattr(sweeper, "PROMOTION_CHUNK", 10)
+    service = make_service("noop", name="aging-backlog")  # no worker: all stay queued
+    SchedulerSettings.objects.update_or_create(
+        pk=SchedulerSettings.SINGLETON_PK,
+        defaults={"tiers": {"offline": {"aging_after_s": 1.0}, "batch": {"aging_after_s": 600}}},
+    )
+    tenant, _ = make_tenant()
+    long_ago = timezone.now() - timezone.timedelta(seconds=5)
+    Job.objects.bulk_create(
+        Job(tenant=tenant, service=service, tier="offline", input={"texts": [f"t{i}"]},
+            created_at=long_ago)
+        for i in range(25)
+    )  # fmt: skip
+    assert promote_waiting_jobs() == 25
+    assert set(Job.objects.filter(service=service).values_list("serving_tier", flat=True)) == {
+        "batch"
+    }
+    counts = ready_message_counts([tier_queue("aging-backlog", "batch")])
+    assert sum(counts.values()) >= 1  # published, a few jobs per message
+
+
+def test_the_loop_claims_5_3_2_with_expired_p1_jobs_and_p3_in_eight_job_messages(
+    make_tenant, make_service, monkeypatch
+):
+    # The bench's mix, in-process on the real broker and database: P1 and P2 jobs one to a
+    # message, 40 % of the P1 jobs expired while queued, P3 jobs submitted in lists (8 to a
+    # message). The loop claims live jobs 5:3:2 between the tiers below realtime.
+    from inference.publishing import publish, publish_many
+    from inference.queues import service_queues
+    from inference.workers import gpu
+    from inference.workers.tier_reader import ReaderPool
+    from renq_site.celery import app
+    from tests.conftest import purge_test_queues
+
+    service = make_service(
+        "noop", name="share-mix", batch_size=64, batch_timeout=0.01, preemption_budget_s=0.05
+    )
+    purge_test_queues(service_queues("share-mix"))
+    BatchCostModel("share-mix", "cpu").observe_batch(0.0105, 10)  # ~1 ms per slept ms
+    tenant, _ = make_tenant()
+
+    def jobs(tier: str, n: int) -> list[Job]:
+        return Job.objects.bulk_create(
+            Job(tenant=tenant, service=service, tier=tier, input={"texts": ["x"], "sleep_ms": 10})
+            for _ in range(n)
+        )
+
+    # 2 s of 10 ms jobs run at most 200: no tier runs out.
+    api, batch, offline = jobs("api", 300), jobs("batch", 300), jobs("offline", 300)
+    for job in api[1:] + batch:
+        publish(job)
+    publish_many(offline)
+    expired = [job.pk for i, job in enumerate(api[1:]) if i % 5 < 2]
+    Job.objects.filter(pk__in=expired).expire("test: waited too long")
+
+    monkeypatch.setattr(gpu, "DRAIN_LIMIT_S", 2.0)
+    readers = ReaderPool(app.connection_for_read, lambda name: app.amqp.queues[name])
+    try:
+        gpu.BatchRunner(readers).run([str(api[0].pk)], seed_redelivered=False, seed_tier="api")
+    finally:
+        readers.close_all()
+        purge_test_queues(service_queues("share-mix"))
+
+    claimed = Counter(
+        Job.objects.filter(service=service, status=JobStatus.SUCCEEDED).values_list(
+            "tier", flat=True
+        )
+    )
+    total = sum(claimed.values())
+    assert total >= 50, claimed  # enough to measure
+    assert claimed["api"] / total == pytest.approx(0.5, abs=0.05), claimed
+    assert claimed["batch"] / total == pytest.approx(0.3, abs=0.05), claimed
+    assert claimed["offline"] / total == pytest.approx(0.2, abs=0.05), claimed
