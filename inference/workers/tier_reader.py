@@ -36,38 +36,48 @@ DEFAULT_WEIGHTS: dict[str, float] = {Tier.API: 5.0, Tier.BATCH: 3.0, Tier.OFFLIN
 
 
 class WeightedShare:
-    """Weighted share between the tiers below realtime, counted in jobs claimed.
+    """Weighted share between the tiers below realtime, counted in jobs claimed: start-time
+    fair queuing (Goyal et al., SFQ) over the tier queues.
+
+    Each tier has a virtual finish tag; taking n jobs from a tier starts at max(its tag, the
+    virtual time) and moves its tag n / weight further. The tier with the smallest start tag
+    goes first. A tier whose queue was empty starts at the virtual time when work returns:
+    it banks no credit for the quiet spell and pays no debt for the others' work, so the
+    share holds from the first jobs after any tier joins (an earlier count-based reset let
+    offline run ahead while it ran alone and then sit out ~80 jobs once the others had work:
+    1.5 of 10 jobs in the bench where 2 were due).
 
     Jobs, not messages: a message may carry several jobs, or none that can still run (expired
     or cancelled while queued); a tier whose queue head is dead messages would otherwise spend
-    its share on them and starve (seen in the bench: P1 completed 4 of 634 jobs).
-
-    Each tier's lag is how many jobs it is behind its share of everything taken so far; the
-    tier furthest behind is tried first. A tier found empty banks no credit (its count is
-    reset to its share), so work arriving after a quiet spell gets its share, not a burst.
-    With weights 5:3:2 every non-empty tier is taken at least once in every few jobs, so each
-    batch of any size serves all of them: nothing below realtime starves.
+    its share on them and starve (seen in the bench: P1 completed 4 of 634 jobs). With
+    weights 5:3:2 every non-empty tier is taken at least once in every 10 jobs.
     """
+
+    MIN_WEIGHT = 1e-6  # a tier weighted 0 still runs when it is the only one with work
 
     def __init__(self, weights: dict[str, float]):
         tiers = [t for t in TIER_ORDER if t != Tier.REALTIME]
-        total = sum(max(0.0, float(weights.get(t, 0.0))) for t in tiers) or 1.0
-        self.fractions = {t: max(0.0, float(weights.get(t, 0.0))) / total for t in tiers}
-        self.counts = {t: 0.0 for t in tiers}
+        self.weights = {t: max(self.MIN_WEIGHT, float(weights.get(t, 0.0))) for t in tiers}
+        self.finish_tags = {t: 0.0 for t in tiers}
+        self.virtual_time = 0.0
 
-    def _lag(self, tier: Tier) -> float:
-        return self.fractions[tier] * (sum(self.counts.values()) + 1) - self.counts[tier]
+    def _start_tag(self, tier: Tier) -> float:
+        return max(self.finish_tags[tier], self.virtual_time)
 
     def order(self) -> list[Tier]:
-        return sorted(self.counts, key=lambda t: (-self._lag(t), t.rank))
+        return sorted(self.finish_tags, key=lambda t: (self._start_tag(t), t.rank))
 
     def served(self, tier: Tier, jobs: int = 1) -> None:
-        if tier in self.counts:
-            self.counts[tier] += jobs
+        """`jobs` of the tier's jobs were taken (one message's, or one seed's)."""
+        if tier in self.finish_tags:
+            start = self._start_tag(tier)
+            self.virtual_time = start
+            self.finish_tags[tier] = start + jobs / self.weights[tier]
 
-    def idle(self, tier: Tier) -> None:
-        if tier in self.counts:
-            self.counts[tier] = self.fractions[tier] * sum(self.counts.values())
+    def corrected(self, tier: Tier, jobs: int) -> None:
+        """The last count for the tier was off by `jobs` (negative: fewer were claimed)."""
+        if tier in self.finish_tags:
+            self.finish_tags[tier] += jobs / self.weights[tier]
 
 
 def message_job_ids(first_arg) -> list[str]:
@@ -120,7 +130,6 @@ class TierQueueReader:
         for tier in tiers if tiers is not None else self.tier_order():
             message = self._queues[tier].get(no_ack=False, accept=["json"])
             if message is None:
-                self.share.idle(tier)
                 continue
             job_ids = message_job_ids(message.decode()[0][0])
             # Provisional, so several messages pulled before one claim follow the share too.
@@ -130,7 +139,7 @@ class TierQueueReader:
 
     def claimed(self, pulled: PulledMessage, jobs: int) -> None:
         """`jobs` of the pulled message's jobs were claimed to run (0: none could run)."""
-        self.share.served(pulled.tier, jobs - len(pulled.job_ids))
+        self.share.corrected(pulled.tier, jobs - len(pulled.job_ids))
 
     def close(self) -> None:
         try:

@@ -136,6 +136,26 @@ def test_an_empty_tier_banks_no_credit():
     assert 2 <= taken.count(Tier.OFFLINE) <= 4
 
 
+def test_a_tier_that_ran_alone_gets_its_share_as_soon_as_the_others_have_work():
+    # An offline backlog runs alone (8 jobs to a message), then api and batch work arrives.
+    reader = make_reader({})
+    reader._queues[Tier.OFFLINE].messages.extend(
+        FakeMessage([f"off-{i}-{j}" for j in range(8)]) for i in range(200)
+    )
+    assert {take(reader).tier for _ in range(20)} == {Tier.OFFLINE}
+    reader._queues[Tier.API].messages.extend(FakeMessage(f"api-{i}") for i in range(1000))
+    reader._queues[Tier.BATCH].messages.extend(FakeMessage(f"batch-{i}") for i in range(1000))
+    jobs = []
+    while len(jobs) < 80:
+        pulled = take(reader)
+        jobs += [pulled.tier] * len(pulled.job_ids)
+    # 5:3:2 from the first jobs on: offline neither bursts ahead nor sits out its credit.
+    first = Counter(jobs[:80])
+    assert first[Tier.OFFLINE] == pytest.approx(16, abs=4)
+    assert first[Tier.API] == pytest.approx(40, abs=4)
+    assert first[Tier.BATCH] == pytest.approx(24, abs=4)
+
+
 def test_a_non_realtime_batch_closes_before_its_predicted_run_exceeds_the_budget():
     # 1 ms per token: a 0.25 s budget holds 250 tokens of batch work.
     w = BatchWindow(
