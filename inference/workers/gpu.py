@@ -320,9 +320,9 @@ class _Drain:
         """A batch formed during the previous pass yields to realtime work that arrived
         since: its jobs stay claimed and go back to the front of the line."""
         # Also after the drain limit, while claimed jobs are still being run.
-        if not upcoming or any(h.item.realtime for h in upcoming) or self.reader is None:
+        if not upcoming or any(h.item.realtime for h in upcoming):
             return upcoming
-        realtime = self.form(only_realtime=True, pending_first=False, pull=True)
+        realtime = self.form(only_realtime=True, pull=True)
         if not realtime:
             return upcoming
         self.pending.extendleft(reversed(upcoming))
@@ -381,6 +381,8 @@ class _Drain:
         window = self.new_window()
         while pending_first and self.pending:
             held = self.pending[0]
+            if only_realtime and not self.item(held).realtime:
+                break  # claimed realtime jobs wait at the front of the line (see admit)
             if not window.offer(self.item(held), arrived_at=held.job.created_at.timestamp()):
                 break
             self.pending.popleft()
@@ -458,13 +460,16 @@ class _Drain:
             else:
                 # Duplicates, cancelled, expired or finished jobs: nothing to run.
                 self.runner._settle(self.service.name, [pm], ack=True)
+        realtime_left: list[Held] = []
         for job in claim.jobs:
             held = Held(job, claim)
-            # What does not fit waits here, claimed, for the next batch of this loop.
+            # What does not fit waits here, claimed, for the next batch of this loop; a
+            # realtime job at the front of the line, where realtime_first finds it.
             if window.full or not window.offer(
                 self.item(held), arrived_at=job.created_at.timestamp()
             ):
-                self.pending.append(held)
+                (realtime_left if job.tier == Tier.REALTIME else self.pending).append(held)
+        self.pending.extendleft(reversed(realtime_left))
 
     # --- storing ----------------------------------------------------------------------------
 

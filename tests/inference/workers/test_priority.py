@@ -204,3 +204,63 @@ def test_the_loop_claims_5_3_2_with_expired_p1_jobs_and_p3_in_eight_job_messages
     assert claimed["api"] / total == pytest.approx(0.5, abs=0.05), claimed
     assert claimed["batch"] / total == pytest.approx(0.3, abs=0.05), claimed
     assert claimed["offline"] / total == pytest.approx(0.2, abs=0.05), claimed
+
+
+def test_a_realtime_job_claimed_into_a_window_it_does_not_fit_runs_in_the_next_pass(
+    make_tenant, make_service
+):
+    # The loop pulled a realtime message while forming an offline batch that had no room
+    # left for it (the window's run budget). It must run in the very next pass, ahead of the
+    # offline jobs already claimed and waiting in the loop's line.
+    from inference.engines import load_engine
+    from inference.publishing import publish
+    from inference.queues import service_queues
+    from inference.tiers import Tier
+    from inference.workers import gpu, worker_identity
+    from inference.workers.tier_reader import ReaderPool
+    from renq_site.celery import app
+    from tests.conftest import purge_test_queues
+
+    # A 1 ms budget: any job fills a pass (the first job of a window is always taken).
+    service = make_service(
+        "noop", name="rt-held", batch_size=64, batch_timeout=0.01, preemption_budget_s=0.001
+    )
+    purge_test_queues(service_queues("rt-held"))
+    tenant, _ = make_tenant()
+
+    def job(tier: str) -> Job:
+        return Job.objects.create(
+            tenant=tenant, service=service, tier=tier, input={"texts": ["x"], "sleep_ms": 30}
+        )
+
+    offline = [job("offline") for _ in range(3)]
+    readers = ReaderPool(app.connection_for_read, lambda name: app.amqp.queues[name])
+    try:
+        worker = worker_identity()
+        loop = gpu._Drain(
+            gpu.BatchRunner(readers),
+            service,
+            load_engine("noop", service.model_ref, device="cpu"),
+            readers.get("rt-held"),
+            worker,
+            gpu.BatchReport(),
+        )
+        claim = Job.objects.claim([str(j.pk) for j in offline], worker=worker)
+        loop.pending.extend(gpu.Held(j, claim) for j in claim.jobs)
+        upcoming = loop.form()  # the first offline job: the window has no room left
+        assert [h.job.pk for h in upcoming] == [offline[0].pk]
+
+        realtime = job("realtime")
+        publish(realtime)
+        window = loop.new_window()
+        assert window.offer(loop.item(upcoming[0]))
+        loop.admit([loop.reader.get([Tier.REALTIME])], window)  # does not fit the budget
+
+        batch = loop.realtime_first(upcoming)
+        assert [h.job.pk for h in batch] == [realtime.pk]
+        line = [h.job.pk for h in loop.pending]
+        assert line == [offline[0].pk, offline[1].pk, offline[2].pk]
+        loop.runner._settle("rt-held", loop.ledger.unsettled(), ack=True)
+    finally:
+        readers.close_all()
+        purge_test_queues(service_queues("rt-held"))
