@@ -352,6 +352,8 @@ def write_report(r: dict, out: Path) -> None:
         lines += _bulk_section(r["bulk"], r)
     if "idle" in r:
         lines += _idle_section(r["idle"])
+    if "idle_pools" in r:
+        lines += _pools_section(r["idle_pools"])
     if "priority" in r:
         lines += _priority_section(r["priority"])
     if "settings" in r:
@@ -508,6 +510,24 @@ def _idle_section(idle: dict) -> list[str]:
         f"{_f(idle['scheduler_overhead_ms_p95'])} ms | {_f(idle['scheduler_overhead_ms_p99'])} ms "
         f"| {_f(idle['scheduler_overhead_ms_max'])} ms |",
     ]
+
+
+def _pools_section(pools: dict) -> list[str]:
+    lines = [
+        "",
+        "## Worker pool (idle realtime latency, same worker otherwise)",
+        "",
+        "| pool | client e2e p50 | queue wait p50 | inference p50 | overhead p50 | p95 | p99 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for pool, idle in pools.items():
+        lines.append(
+            f"| {pool} | {_f(idle['client_e2e_ms_p50'])} ms | {_f(idle['queue_wait_ms_p50'])} ms"
+            f" | {_f(idle['inference_ms_p50'])} ms | {_f(idle['scheduler_overhead_ms_p50'])} ms"
+            f" | {_f(idle['scheduler_overhead_ms_p95'])} ms"
+            f" | {_f(idle['scheduler_overhead_ms_p99'])} ms |"
+        )
+    return lines
 
 
 def _priority_section(pr: dict) -> list[str]:

@@ -72,7 +72,9 @@ from renq_site.celery import app  # noqa: E402
 SERVICE = "bench-embed"  # the historical e2e/drain/settings runs: batch 32, long timeouts
 IDLE_SERVICE = bulk.SERVICE  # config.yaml's embedding settings (the CPU profile)
 CLIENTS = 8
-SCENARIOS = ("inprocess", "e2e", "noop", "profile", "bulk", "priority", "result_bytes")
+SCENARIOS = ("inprocess", "e2e", "pools", "noop", "profile", "bulk", "priority", "result_bytes")
+# The Celery worker pools compared for the GPU worker (idle realtime latency, one process each).
+POOLS = ("prefork", "solo", "threads")
 
 
 # --- in-process: the raw model and the batch former without a broker ----------------------
@@ -377,6 +379,26 @@ def scenario_e2e(results: dict, n_jobs: int, quick: bool) -> None:
     results["web_log_e2e"] = common.keep_web_log("e2e")
 
 
+def scenario_pools(results: dict, quick: bool) -> None:
+    """Idle realtime latency with each worker pool, in one run: the GPU worker's pool is chosen
+    by this measurement (`make worker` and docker/ use the winner)."""
+    service, tenant, key = setup_rows()
+    purge_queues(service_queues(IDLE_SERVICE))
+    results["idle_pools"] = {}
+    with ProcessGroup() as procs:
+        url = procs.web(free_port(), workers=1)
+        bench = Bench(procs, url, key, service, tenant)
+        for pool in POOLS:
+            name = f"bench-pool-{pool}"
+            print(f"== idle realtime latency, --pool {pool}", flush=True)
+            procs.worker(
+                name, service_queues(IDLE_SERVICE), threads=MODEL_THREADS, extra=["--pool", pool]
+            )
+            results["idle_pools"][pool] = bench.idle_latency(30 if quick else 100)
+            print(results["idle_pools"][pool], flush=True)
+            procs.stop_one(name)
+
+
 def scenario_bulk_priority(results: dict, engine, which: set[str], quick: bool) -> None:
     """One web process, one worker on the bulk and priority services (model on MODEL_THREADS),
     the control worker (beat: aging, expiry, sweep) as `make demo` runs them."""
@@ -463,6 +485,8 @@ def main() -> int:
         scenario_inprocess(results, engine, args.quick)
     if "e2e" in which:
         scenario_e2e(results, n_jobs, args.quick)
+    if "pools" in which:
+        scenario_pools(results, args.quick)
     if "noop" in which:
         results["noop"] = noop_throughput.run(quick=args.quick)
     if "profile" in which:
