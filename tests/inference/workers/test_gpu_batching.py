@@ -214,3 +214,51 @@ def test_waiting_messages_are_claimed_together_not_one_by_one(make_tenant, make_
     assert {j.status for j in done} == {JobStatus.SUCCEEDED}
     assert len({j.claim_token for j in done}) <= 2
     assert {j.batch_size for j in done} == {12}
+
+
+def test_the_next_batch_is_claimed_before_the_running_pass_ends_when_the_prediction_runs_long(
+    make_tenant, make_service, monkeypatch
+):
+    # A backlog of 200 ms jobs, two to a pass (400 ms), with a cost model predicting 1.5 ×
+    # that. Each next batch must be pulled and claimed while the pass before it still runs,
+    # or the model waits for it between passes.
+    from inference.cost_model import BatchCost, BatchCostModel
+    from inference.queues import service_queues
+    from inference.workers import gpu
+    from inference.workers.tier_reader import ReaderPool
+    from renq_site.celery import app
+    from tests.conftest import purge_test_queues
+
+    service = make_service(
+        "noop", name="form-early", batch_size=2, batch_timeout=0.01, preemption_budget_s=10
+    )
+    purge_test_queues(service_queues("form-early"))
+    over = BatchCost(per_token_s=0.0015, per_batch_s=0.0, samples=100)  # noop: 1 token per ms
+    monkeypatch.setattr(BatchCostModel, "current", lambda self: over)
+    monkeypatch.setattr(gpu, "DRAIN_LIMIT_S", 5.0)
+    tenant, _ = make_tenant()
+    jobs = [
+        Job.objects.create(
+            tenant=tenant, service=service, tier="batch", input={"texts": ["x"], "sleep_ms": 200}
+        )
+        for _ in range(8)
+    ]
+    _publish(jobs[1:])
+    readers = ReaderPool(app.connection_for_read, lambda name: app.amqp.queues[name])
+    try:
+        gpu.BatchRunner(readers).run([str(jobs[0].pk)], seed_redelivered=False, seed_tier="batch")
+    finally:
+        readers.close_all()
+        purge_test_queues(service_queues("form-early"))
+
+    done = Job.objects.filter(pk__in=[j.pk for j in jobs])
+    assert {j.status for j in done} == {JobStatus.SUCCEEDED}
+    passes: dict = {}
+    for job in done:
+        passes.setdefault(job.started_at, []).append(job)
+    ordered = [passes[t] for t in sorted(passes)]
+    assert [len(p) for p in ordered] == [2, 2, 2, 2]
+    for running, following in zip(ordered[:-1], ordered[1:], strict=True):
+        pass_ended = running[0].started_at.timestamp() + running[0].inference_ms / 1000
+        claimed = max(j.claimed_at.timestamp() for j in following)
+        assert claimed < pass_ended, (claimed - pass_ended, [len(p) for p in ordered])
