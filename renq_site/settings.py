@@ -147,7 +147,7 @@ RENQ_STRANDED_AFTER_S = float(os.environ.get("RENQ_STRANDED_AFTER_S", "30"))
 # Seconds between expiry passes (queue_timeout, total_timeout, deadline_ms while jobs wait).
 RENQ_EXPIRE_INTERVAL_S = float(os.environ.get("RENQ_EXPIRE_INTERVAL_S", "1"))
 # Aging: how often jobs waiting past their tier's threshold are promoted (all due at once).
-RENQ_AGING_INTERVAL_S = float(os.environ.get("RENQ_AGING_INTERVAL_S", "2"))
+RENQ_AGING_INTERVAL_S = float(os.environ.get("RENQ_AGING_INTERVAL_S", "1"))
 # Seconds between sweeps (outbox, lost messages, dead claims, stranded jobs, expiry).
 RENQ_SWEEP_INTERVAL_S = float(os.environ.get("RENQ_SWEEP_INTERVAL_S", "10"))
 
