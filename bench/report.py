@@ -509,7 +509,18 @@ def _idle_section(idle: dict) -> list[str]:
         f"{_f(idle['inference_ms_p50'])} ms | {_f(idle['scheduler_overhead_ms_p50'])} ms | "
         f"{_f(idle['scheduler_overhead_ms_p95'])} ms | {_f(idle['scheduler_overhead_ms_p99'])} ms "
         f"| {_f(idle['scheduler_overhead_ms_max'])} ms |",
-    ]
+    ] + (
+        [
+            "",
+            "Overhead by stage (p50): created → claimed "
+            f"{_f(idle['stages_ms_p50']['to_claim'])} ms (commit, publish, delivery, task "
+            f"start, claim), claimed → pass started {_f(idle['stages_ms_p50']['claim_to_start'])}"
+            f" ms (formation, tokenizing), after the pass {_f(idle['stages_ms_p50']['after_pass'])}"
+            " ms (storing).",
+        ]
+        if "stages_ms_p50" in idle
+        else []
+    )
 
 
 def _pools_section(pools: dict) -> list[str]:

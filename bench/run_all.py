@@ -230,6 +230,7 @@ class Bench:
         embedding settings. Texts are unique to the run (no cache answers)."""
         nonce = run_nonce()
         client_ms, waits, infer, overhead = [], [], [], []
+        stages: dict[str, list[float]] = {"to_claim": [], "claim_to_start": [], "after_pass": []}
         for i in range(n + 5):
             t0 = time.perf_counter()
             job_id = self.submit(f"idle probe {nonce} {i}", "realtime", IDLE_SERVICE)
@@ -244,6 +245,13 @@ class Bench:
                 waits.append(body["queue_wait_ms"])
                 infer.append(body["inference_ms"])
                 overhead.append(body["total_ms"] - body["inference_ms"])
+                # Where the overhead goes, from the job's own timestamps.
+                job = Job.objects.get(pk=job_id)
+                stages["to_claim"].append(ms_between(job.created_at, job.claimed_at))
+                stages["claim_to_start"].append(ms_between(job.claimed_at, job.started_at))
+                stages["after_pass"].append(
+                    ms_between(job.started_at, job.finished_at) - body["inference_ms"]
+                )
             time.sleep(0.05)
         return {
             "n": n,
@@ -255,7 +263,14 @@ class Bench:
             "scheduler_overhead_ms_p95": pct(overhead, 95),
             "scheduler_overhead_ms_p99": pct(overhead, 99),
             "scheduler_overhead_ms_max": max(overhead),
+            # created → claimed (commit, publish, delivery, task start, claim), claimed →
+            # forward pass started (batch formation, tokenizing), after the pass (storing).
+            "stages_ms_p50": {name: statistics.median(v) for name, v in stages.items()},
         }
+
+
+def ms_between(earlier, later) -> float:
+    return (later - earlier).total_seconds() * 1000
 
 
 def _span(jobs: list[Job], t0: float) -> float:

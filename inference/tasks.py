@@ -16,7 +16,7 @@ import time
 import redis
 from celery import shared_task
 from celery.exceptions import Reject
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import task_prerun, worker_process_init, worker_process_shutdown
 from django.db import DatabaseError, close_old_connections
 
 from inference.bulk import fail_bulk, finish_bulk, retry_failed_piece
@@ -112,6 +112,13 @@ def expire() -> int:
 @shared_task(name="inference.promote")
 def promote() -> int:
     return promote_waiting_jobs()
+
+
+@task_prerun.connect
+def _close_unusable_or_old_connections(**_kwargs) -> None:
+    """A task is a request boundary: a Postgres session past CONN_MAX_AGE or broken (e.g. by
+    a database restart) is closed and the task opens a fresh one; others are reused."""
+    close_old_connections()
 
 
 @worker_process_init.connect
