@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -76,6 +78,22 @@ def _test_queue_names() -> list[str]:
     from inference.queues import service_queues
 
     return [q for kind in SERVICE_KINDS for q in service_queues(kind)]
+
+
+@contextmanager
+def in_process_readers(service_name: str) -> Iterator:
+    """A worker's ReaderPool in the test's own process (the batch loop driven directly, on the
+    real broker): closed afterwards, and the service's queues emptied for the next run."""
+    from inference.queues import service_queues
+    from inference.workers.tier_reader import ReaderPool
+    from renq_site.celery import app
+
+    readers = ReaderPool(app.connection_for_read, lambda name: app.amqp.queues[name])
+    try:
+        yield readers
+    finally:
+        readers.close_all()
+        purge_test_queues(service_queues(service_name))
 
 
 def purge_test_queues(names: list[str] | None = None) -> None:

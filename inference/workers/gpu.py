@@ -473,12 +473,11 @@ class _Drain:
         realtime_left: list[Held] = []
         for job in claim.jobs:
             held = Held(job, claim)
+            item = self.item(held)  # sized once: a job that waits here keeps it
             # What does not fit waits here, claimed, for the next batch of this loop; a
             # realtime job at the front of the line, where realtime_first finds it.
-            if window.full or not window.offer(
-                self.item(held), arrived_at=job.created_at.timestamp()
-            ):
-                (realtime_left if job.tier == Tier.REALTIME else self.pending).append(held)
+            if window.full or not window.offer(item, arrived_at=job.created_at.timestamp()):
+                (realtime_left if item.realtime else self.pending).append(held)
         self.pending.extendleft(reversed(realtime_left))
 
     # --- storing ----------------------------------------------------------------------------

@@ -5,9 +5,9 @@ Why the worker pulls instead of letting Celery deliver: RabbitMQ applies prefetc
 consumer, so a worker consuming four tier queues holds one message per queue and Celery runs
 them in arrival order, not tier order. The batch runner therefore takes the rest of each batch
 itself with basic.get, choosing the tier. Messages stay unacked until their jobs' outcomes are
-stored, so a crash hands them back to RabbitMQ. Aging is not done here but by the sweep, for
-every worker at once: a job waiting past its tier's threshold is re-published one tier up
-(inference.workers.sweeper.promote_waiting_jobs).
+stored, so a crash hands them back to RabbitMQ. Aging is not done here but by the control
+worker's `inference.promote` task, for every worker at once: a job waiting past its tier's
+threshold is re-published one tier up (inference.workers.sweeper.promote_waiting_jobs).
 """
 
 from __future__ import annotations

@@ -225,9 +225,7 @@ def test_the_next_batch_is_claimed_before_the_running_pass_ends_when_the_predict
     from inference.cost_model import BatchCost, BatchCostModel
     from inference.queues import service_queues
     from inference.workers import gpu
-    from inference.workers.tier_reader import ReaderPool
-    from renq_site.celery import app
-    from tests.conftest import purge_test_queues
+    from tests.conftest import in_process_readers, purge_test_queues
 
     service = make_service(
         "noop", name="form-early", batch_size=2, batch_timeout=0.01, preemption_budget_s=10
@@ -244,12 +242,8 @@ def test_the_next_batch_is_claimed_before_the_running_pass_ends_when_the_predict
         for _ in range(8)
     ]
     _publish(jobs[1:])
-    readers = ReaderPool(app.connection_for_read, lambda name: app.amqp.queues[name])
-    try:
+    with in_process_readers("form-early") as readers:
         gpu.BatchRunner(readers).run([str(jobs[0].pk)], seed_redelivered=False, seed_tier="batch")
-    finally:
-        readers.close_all()
-        purge_test_queues(service_queues("form-early"))
 
     done = Job.objects.filter(pk__in=[j.pk for j in jobs])
     assert {j.status for j in done} == {JobStatus.SUCCEEDED}

@@ -161,9 +161,7 @@ def test_the_loop_claims_5_3_2_with_expired_p1_jobs_and_p3_in_eight_job_messages
     from inference.publishing import publish, publish_many
     from inference.queues import service_queues
     from inference.workers import gpu
-    from inference.workers.tier_reader import ReaderPool
-    from renq_site.celery import app
-    from tests.conftest import purge_test_queues
+    from tests.conftest import in_process_readers, purge_test_queues
 
     service = make_service(
         "noop", name="share-mix", batch_size=64, batch_timeout=0.01, preemption_budget_s=0.05
@@ -187,12 +185,8 @@ def test_the_loop_claims_5_3_2_with_expired_p1_jobs_and_p3_in_eight_job_messages
     Job.objects.filter(pk__in=expired).expire("test: waited too long")
 
     monkeypatch.setattr(gpu, "DRAIN_LIMIT_S", 2.0)
-    readers = ReaderPool(app.connection_for_read, lambda name: app.amqp.queues[name])
-    try:
+    with in_process_readers("share-mix") as readers:
         gpu.BatchRunner(readers).run([str(api[0].pk)], seed_redelivered=False, seed_tier="api")
-    finally:
-        readers.close_all()
-        purge_test_queues(service_queues("share-mix"))
 
     claimed = Counter(
         Job.objects.filter(service=service, status=JobStatus.SUCCEEDED).values_list(
@@ -217,9 +211,7 @@ def test_a_realtime_job_claimed_into_a_window_it_does_not_fit_runs_in_the_next_p
     from inference.queues import service_queues
     from inference.tiers import Tier
     from inference.workers import gpu, worker_identity
-    from inference.workers.tier_reader import ReaderPool
-    from renq_site.celery import app
-    from tests.conftest import purge_test_queues
+    from tests.conftest import in_process_readers, purge_test_queues
 
     # A 1 ms budget: any job fills a pass (the first job of a window is always taken).
     service = make_service(
@@ -234,8 +226,7 @@ def test_a_realtime_job_claimed_into_a_window_it_does_not_fit_runs_in_the_next_p
         )
 
     offline = [job("offline") for _ in range(3)]
-    readers = ReaderPool(app.connection_for_read, lambda name: app.amqp.queues[name])
-    try:
+    with in_process_readers("rt-held") as readers:
         worker = worker_identity()
         loop = gpu._Drain(
             gpu.BatchRunner(readers),
@@ -261,6 +252,3 @@ def test_a_realtime_job_claimed_into_a_window_it_does_not_fit_runs_in_the_next_p
         line = [h.job.pk for h in loop.pending]
         assert line == [offline[0].pk, offline[1].pk, offline[2].pk]
         loop.runner._settle("rt-held", loop.ledger.unsettled(), ack=True)
-    finally:
-        readers.close_all()
-        purge_test_queues(service_queues("rt-held"))
