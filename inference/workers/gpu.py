@@ -52,7 +52,13 @@ from inference.streaming import TextRelay
 from inference.tiers import Tier
 from inference.transitions import Claim, Outcome
 from inference.workers import worker_identity
-from inference.workers.tier_reader import BROKER_ERRORS, PulledMessage, ReaderPool
+from inference.workers.tier_reader import (
+    BROKER_ERRORS,
+    DEFAULT_WEIGHTS,
+    PulledMessage,
+    ReaderPool,
+    WeightedShare,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -184,11 +190,9 @@ class BatchRunner:
             report.failed += len(seed_claim.jobs)
             return report.as_dict()
         reader = self._readers.get(service.name)
-        if reader is not None and seed_tier:
-            reader.share.served(Tier(seed_tier), len(seed_claim.jobs))
-
         loop = _Drain(self, service, engine, reader, worker, report)
-        loop.pending.extend(Held(job, seed_claim) for job in seed_claim.jobs)
+        for job in seed_claim.jobs:
+            loop.hold(Held(job, seed_claim), Tier(seed_tier) if seed_tier else None)
         seed_ids = {str(job.pk) for job in seed_claim.jobs}
         try:
             loop.run()
@@ -231,7 +235,15 @@ class _Drain:
         self.reader = reader
         self.worker = worker
         self.report = report
+        # The front of the line: claimed realtime jobs, generations to continue, a formed
+        # batch that yielded to realtime work. They run before anything else.
         self.pending: deque[Held] = deque()
+        # Claimed jobs of the tiers below realtime that did not fit the batch they were
+        # pulled for: they wait for their tier's turn in the weighted share, which charges
+        # them when they run, so the jobs of one message do not run back to back ahead of
+        # the other tiers' work.
+        self.waiting: dict[Tier, deque[Held]] = {tier: deque() for tier in WeightedShare.TIERS}
+        self.share = reader.share if reader is not None else WeightedShare(DEFAULT_WEIGHTS)
         self.ledger = MessageLedger()
         self.failed_ids: set[str] = set()
         self.cost_model = BatchCostModel(service.name, engine.device, reuse_s=COST_MODEL_REUSE_S)
@@ -252,7 +264,7 @@ class _Drain:
             # While the model runs: form and claim the next batch, as late as the pass allows,
             # so what arrives meanwhile is ordered by tier and plan, not by arrival.
             self.wait_until_due(held, future)
-            upcoming = self.form() if self.pending or self.pulling else []
+            upcoming = self.form() if self.holding or self.pulling else []
             formed_at = time.monotonic()
             outcomes = self.wait(held, future)
             unfinished = self.carry_on(held, outcomes)
@@ -279,6 +291,19 @@ class _Drain:
     @property
     def pulling(self) -> bool:
         return self.reader is not None and time.monotonic() < self.pull_until
+
+    @property
+    def holding(self) -> bool:
+        """Claimed jobs wait here to run (they are run before the task returns)."""
+        return bool(self.pending) or any(self.waiting.values())
+
+    def hold(self, held: Held, tier: Tier | None) -> None:
+        """A claimed job that is not running yet: realtime work and jobs of no tier queue
+        (bulk pieces) at the end of the front of the line, the others by their tier queue."""
+        if tier in self.waiting and not self.item(held).realtime:
+            self.waiting[tier].append(held)
+        else:
+            self.pending.append(held)
 
     def start(self, batch: list[Held]) -> Future:
         self.report.batches += 1
@@ -383,62 +408,93 @@ class _Drain:
         steps = max(MIN_DECODE_STEPS, limit - context)
         return steps if steps < left else None
 
-    def form(
-        self, *, only_realtime: bool = False, pending_first: bool = True, pull: bool = False
-    ) -> list[Held]:
-        """Claimed jobs waiting here first, then the tier queues, until the window closes.
-        Past the drain limit only claimed jobs are formed, unless `pull` (realtime work)."""
+    def form(self, *, only_realtime: bool = False, pull: bool = False) -> list[Held]:
+        """The front of the line first, then claimed jobs and the tier queues by the weighted
+        share, until the window closes. Past the drain limit only claimed jobs are formed,
+        unless `pull` (realtime work)."""
         window = self.new_window()
-        while pending_first and self.pending:
+        while self.pending:
             held = self.pending[0]
             if only_realtime and not self.item(held).realtime:
                 break  # claimed realtime jobs wait at the front of the line (see admit)
             if not window.offer(self.item(held), arrived_at=held.job.created_at.timestamp()):
                 break
             self.pending.popleft()
-        if (self.pulling or (pull and self.reader is not None)) and not window.full:
-            try:
-                self.fill(window, only_realtime=only_realtime)
-            except BROKER_ERRORS:
-                # The broker went away mid-batch: run what the window holds; a fresh
-                # connection opens for the next task. Pulled messages return to their queues
-                # when the broken channel closes; their jobs' outcomes are stored anyway.
-                logger.warning("broker connection lost while forming a batch", exc_info=True)
-                self.runner._readers.discard(self.service.name)
-                self.reader = None
+        may_pull = self.pulling or (pull and self.reader is not None)
+        try:
+            self.fill(window, only_realtime=only_realtime, may_pull=may_pull)
+        except BROKER_ERRORS:
+            # The broker went away mid-batch: run what the window holds; a fresh
+            # connection opens for the next task. Pulled messages return to their queues
+            # when the broken channel closes; their jobs' outcomes are stored anyway.
+            logger.warning("broker connection lost while forming a batch", exc_info=True)
+            self.runner._readers.discard(self.service.name)
+            self.reader = None
         return [item.value for item in window.items]
 
-    def fill(self, window: BatchWindow, *, only_realtime: bool) -> None:
+    def fill(self, window: BatchWindow, *, only_realtime: bool, may_pull: bool) -> None:
         """Take what is waiting now, always; wait for more only while the window is open.
 
-        The deadline bounds how long a batch waits for company, never what it takes: under a
-        backlog every job is past its deadline, and the batch must still fill from the queue.
+        Below realtime, each tier's turn comes by the weighted share: the tier whose turn it
+        is runs its claimed jobs waiting here if it has any, else the loop pulls from its
+        queue (or the next tier's, when that queue is empty). The deadline bounds how long a
+        batch waits for company, never what it takes: under a backlog every job is past its
+        deadline, and the batch must still fill from the queue.
         """
         while not window.full:
             # A realtime batch takes only other realtime jobs: P0 never waits behind a big
             # batch of offline work in its own forward pass.
             realtime = only_realtime or window.has_realtime
             if not realtime and window.items and window.likely_room() == 0:
-                # Nothing more is predicted to fit: a job claimed now would only wait here,
-                # counted in its tier's share before it runs.
+                # Nothing more is predicted to fit: a job claimed now would only wait here.
                 return
-            pulled = self.pull(window, realtime=realtime)
+            pulled = self.pull(window, realtime=realtime) if may_pull else []
             if pulled:
                 self.admit(pulled, window)
                 continue
-            if not window.items or window.should_close():
+            if not realtime and any(self.waiting.values()):
+                # Nothing queued in the tiers ahead of it: the first tier in the share's
+                # order with claimed jobs waiting here runs one.
+                if not self.take_waiting(window):
+                    return
+                continue
+            if not may_pull or not window.items or window.should_close():
                 return
             time.sleep(min(POLL_INTERVAL_S, window.remaining_s()))
+
+    def tiers_ahead_of_waiting(self) -> list[Tier]:
+        """Realtime, then the tiers below it in the share's order up to the first one with
+        claimed jobs waiting here: the queues to pull from before those jobs run."""
+        ahead = [Tier.REALTIME]
+        for tier in self.share.order():
+            if self.waiting[tier]:
+                break
+            ahead.append(tier)
+        return ahead
+
+    def take_waiting(self, window: BatchWindow) -> bool:
+        """Offer the next claimed job of the first tier (in the share's order) that has any;
+        charge its tier when it is taken. False when it does not fit: the window is done."""
+        tier = next(t for t in self.share.order() if self.waiting[t])
+        held = self.waiting[tier][0]
+        if not window.offer(self.item(held), arrived_at=held.job.created_at.timestamp()):
+            return False
+        self.waiting[tier].popleft()
+        self.share.served(tier, 1)
+        return True
 
     def pull(self, window: BatchWindow, *, realtime: bool) -> list[PulledMessage]:
         """As many waiting messages as the window is likely to take, to claim together: one
         claim per batch instead of one per message (each is a Postgres round trip between
-        forward passes). Stops at a realtime message, which changes what the window takes."""
+        forward passes). Realtime first; below it, only the queues of tiers whose turn comes
+        before claimed jobs waiting here. Stops at a realtime message, which changes what
+        the window takes."""
         pulled: list[PulledMessage] = []
         room = max(1, window.likely_room())
         jobs = 0
         while jobs < room:
-            pm = self.reader.get([Tier.REALTIME] if realtime else None)
+            tiers = [Tier.REALTIME] if realtime else self.tiers_ahead_of_waiting()
+            pm = self.reader.get(tiers)
             if pm is None:
                 break
             pulled.append(pm)
@@ -461,12 +517,14 @@ class _Drain:
             raise
         self.runner._note_claim(claim, self.report)
         claimed_ids = {str(job.pk) for job in claim.jobs}
+        tier_of: dict[str, Tier] = {}
         for pm in pulled:
             mine = claimed_ids.intersection(pm.job_ids)
             if self.reader is not None:
                 self.reader.claimed(pm, len(mine))
             if mine:
                 self.ledger.track(pm, mine)
+                tier_of.update(dict.fromkeys(mine, pm.tier))
             else:
                 # Duplicates, cancelled, expired or finished jobs: nothing to run.
                 self.runner._settle(self.service.name, [pm], ack=True)
@@ -474,10 +532,16 @@ class _Drain:
         for job in claim.jobs:
             held = Held(job, claim)
             item = self.item(held)  # sized once: a job that waits here keeps it
-            # What does not fit waits here, claimed, for the next batch of this loop; a
-            # realtime job at the front of the line, where realtime_first finds it.
             if window.full or not window.offer(item, arrived_at=job.created_at.timestamp()):
-                (realtime_left if item.realtime else self.pending).append(held)
+                # What does not fit waits here, claimed: a realtime job at the front of the
+                # line, where realtime_first finds it; the others for their tier's turn,
+                # which is charged when they run, not now.
+                tier = tier_of[str(job.pk)]
+                if item.realtime:
+                    realtime_left.append(held)
+                else:
+                    self.share.corrected(tier, -1)
+                    self.hold(held, tier)
         self.pending.extendleft(reversed(realtime_left))
 
     # --- storing ----------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import uuid
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
@@ -95,6 +96,10 @@ def republish_lost_messages(now=None, *, lost_after_s: float = LOST_MESSAGE_AFTE
 # One promotion run moves at most this many jobs (in pieces of PROMOTION_CHUNK, oldest first).
 PROMOTION_CHUNK = 1000
 MAX_PROMOTIONS_PER_RUN = 50_000
+# The control worker runs tasks on a few threads (a slow sweep must not hold aging back), so
+# two promotion runs may overlap; a session-level advisory lock lets one run at a time (a run
+# that finds it held has nothing to add) and is released if its session dies.
+_PROMOTION_LOCK_KEY = 0x72656E71  # "renq"
 
 
 def promote_waiting_jobs(now=None) -> int:
@@ -102,8 +107,20 @@ def promote_waiting_jobs(now=None) -> int:
     the tier's aging threshold is re-published one tier up (never into realtime), and again
     after the next tier's threshold. The copy left in the old queue is dropped at claim.
     Every due job moves in one run (run every RENQ_AGING_INTERVAL_S): a backlog submitted at
-    once comes due at once, and promoting 1,000 a run left P3 jobs 18 s past their bound."""
-    now = now or timezone.now()
+    once comes due at once, and promoting 1,000 a run left P3 jobs 18 s past their bound.
+    Returns -1 when another run holds the promotion lock."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [_PROMOTION_LOCK_KEY])
+        if not cursor.fetchone()[0]:
+            return -1
+    try:
+        return _promote_due_jobs(now or timezone.now())
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [_PROMOTION_LOCK_KEY])
+
+
+def _promote_due_jobs(now) -> int:
     policies = tier_policies()
     promoted = 0
     for own in TIER_ORDER:

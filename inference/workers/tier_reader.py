@@ -54,11 +54,11 @@ class WeightedShare:
     """
 
     MIN_WEIGHT = 1e-6  # a tier weighted 0 still runs when it is the only one with work
+    TIERS: tuple[Tier, ...] = tuple(t for t in TIER_ORDER if t != Tier.REALTIME)
 
     def __init__(self, weights: dict[str, float]):
-        tiers = [t for t in TIER_ORDER if t != Tier.REALTIME]
-        self.weights = {t: max(self.MIN_WEIGHT, float(weights.get(t, 0.0))) for t in tiers}
-        self.finish_tags = {t: 0.0 for t in tiers}
+        self.weights = {t: max(self.MIN_WEIGHT, float(weights.get(t, 0.0))) for t in self.TIERS}
+        self.finish_tags = {t: 0.0 for t in self.TIERS}
         self.virtual_time = 0.0
 
     def _start_tag(self, tier: Tier) -> float:

@@ -152,6 +152,40 @@ def test_aging_promotes_every_due_job_in_one_run(make_tenant, make_service, monk
     assert sum(counts.values()) >= 1  # published, a few jobs per message
 
 
+def test_a_promotion_run_overlapping_another_one_moves_nothing_twice(
+    make_tenant, make_service
+):
+    # The control worker runs its tasks on threads: a promotion run that starts while the
+    # previous one still runs must not re-publish the same jobs.
+    import psycopg2
+    from django.db import connection
+
+    from inference.config.models import SchedulerSettings
+    from inference.workers import sweeper
+
+    service = make_service("noop", name="aging-overlap")  # no worker: all stay queued
+    SchedulerSettings.objects.update_or_create(
+        pk=SchedulerSettings.SINGLETON_PK,
+        defaults={"tiers": {"offline": {"aging_after_s": 1.0}, "batch": {"aging_after_s": 600}}},
+    )
+    tenant, _ = make_tenant()
+    long_ago = timezone.now() - timezone.timedelta(seconds=5)
+    Job.objects.create(
+        tenant=tenant, service=service, tier="offline", input={"texts": ["t"]},
+        created_at=long_ago,
+    )  # fmt: skip
+    other = psycopg2.connect(**connection.get_connection_params())
+    try:
+        with other.cursor() as cursor:  # the run already under way
+            cursor.execute("SELECT pg_advisory_lock(%s)", [sweeper._PROMOTION_LOCK_KEY])
+        assert promote_waiting_jobs() == -1
+        assert Job.objects.get(service=service).serving_tier == ""
+    finally:
+        other.close()
+    assert promote_waiting_jobs() == 1
+    assert Job.objects.get(service=service).serving_tier == "batch"
+
+
 def test_the_loop_claims_5_3_2_with_expired_p1_jobs_and_p3_in_eight_job_messages(
     make_tenant, make_service, monkeypatch
 ):
@@ -252,3 +286,55 @@ def test_a_realtime_job_claimed_into_a_window_it_does_not_fit_runs_in_the_next_p
         line = [h.job.pk for h in loop.pending]
         assert line == [offline[0].pk, offline[1].pk, offline[2].pk]
         loop.runner._settle("rt-held", loop.ledger.unsettled(), ack=True)
+
+
+def test_jobs_claimed_together_run_at_their_tiers_turn_not_back_to_back(
+    make_tenant, make_service, monkeypatch
+):
+    # P2 and P3 jobs travel 8 to a message and the budget lets one job into a pass: the jobs
+    # claimed together must wait for their tier's turn, so in the order the jobs ran no tier
+    # runs 8 in a row and every tier runs in every 10 jobs (the share's floor).
+    from inference.publishing import publish, publish_many
+    from inference.queues import service_queues
+    from inference.workers import gpu
+    from tests.conftest import in_process_readers, purge_test_queues
+
+    service = make_service(
+        "noop", name="share-turns", batch_size=64, batch_timeout=0.01, preemption_budget_s=0.001
+    )
+    purge_test_queues(service_queues("share-turns"))
+    tenant, _ = make_tenant()
+
+    def jobs(tier: str, n: int) -> list[Job]:
+        return Job.objects.bulk_create(
+            Job(tenant=tenant, service=service, tier=tier, input={"texts": ["x"], "sleep_ms": 3})
+            for _ in range(n)
+        )
+
+    api, batch, offline = jobs("api", 200), jobs("batch", 200), jobs("offline", 200)
+    for job in api[1:]:
+        publish(job)
+    publish_many(batch)
+    publish_many(offline)
+
+    monkeypatch.setattr(gpu, "DRAIN_LIMIT_S", 1.5)
+    with in_process_readers("share-turns") as readers:
+        gpu.BatchRunner(readers).run([str(api[0].pk)], seed_redelivered=False, seed_tier="api")
+
+    ran = list(
+        Job.objects.filter(service=service, status=JobStatus.SUCCEEDED)
+        .order_by("started_at")
+        .values_list("tier", flat=True)
+    )
+    # Once the drain limit stops the pulling, the loop runs what it still holds claimed (a
+    # few P2/P3 jobs and no P1 job): the order is measured while P1 jobs were still running.
+    ran = ran[: len(ran) - ran[::-1].index("api")]
+    assert len(ran) >= 40, len(ran)  # enough to see the order
+    longest = {tier: 0 for tier in ("api", "batch", "offline")}
+    streak = 0
+    for i, tier in enumerate(ran):
+        streak = streak + 1 if i and ran[i - 1] == tier else 1
+        longest[tier] = max(longest[tier], streak)
+    assert longest["batch"] <= 2 and longest["offline"] <= 2, (longest, ran)
+    windows = [ran[i : i + 10] for i in range(len(ran) - 9)]
+    assert all({"api", "batch", "offline"} <= set(w) for w in windows), ran
