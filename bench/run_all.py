@@ -46,7 +46,7 @@ import requests  # noqa: E402
 import torch  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
-from processes import ProcessGroup, free_port  # noqa: E402
+from processes import CONTROL_WORKER_OPTIONS, ProcessGroup, free_port  # noqa: E402
 
 from bench import bulk, noop_throughput, priority, result_bytes, submit_profile  # noqa: E402
 from bench.common import (  # noqa: E402
@@ -428,7 +428,7 @@ def scenario_bulk_priority(results: dict, engine, which: set[str], quick: bool) 
             "bench-control",
             [control_queue()],
             beat=True,
-            extra=["-s", str(common.ROOT / ".run" / "bench-beat")],
+            extra=["-s", str(common.ROOT / ".run" / "bench-beat"), *CONTROL_WORKER_OPTIONS],
         )
         procs.worker("bench-gpu", queues, threads=MODEL_THREADS)
         if "bulk" in which:

@@ -277,6 +277,13 @@ class Job(models.Model):
             models.Index(fields=["tenant", "-created_at"]),
             models.Index(fields=["service", "status"]),
             models.Index(fields=["service", "input_hash", "status"]),
+            # Aging and expiry read queued jobs by tier and age every second; finished jobs
+            # outnumber them more every day, so the index holds the queued ones alone.
+            models.Index(
+                fields=["tier", "serving_tier", "created_at"],
+                condition=models.Q(status="queued"),
+                name="inference_job_queued_by_age",
+            ),
         ]
         constraints = [
             models.UniqueConstraint(

@@ -19,7 +19,7 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from processes import ROOT, ProcessGroup, free_port  # noqa: E402
+from processes import CONTROL_WORKER_OPTIONS, ROOT, ProcessGroup, free_port  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
@@ -135,7 +135,9 @@ def run_demo() -> int:
             print(f"  {service.name}: {count} worker(s) (worker_count {service.worker_count})")
             for i in range(count):
                 procs.worker(f"{service.name}-gpu{i}", service_queues(service.name), threads=1)
-        procs.worker("control", [app.conf.task_default_queue], beat=True)
+        procs.worker(
+            "control", [app.conf.task_default_queue], beat=True, extra=CONTROL_WORKER_OPTIONS
+        )
         procs.worker("io", io_queues(), concurrency=32, extra=["--pool", "threads"])
         # Flower's pages and API show every task's arguments: never without a login.
         flower_auth = os.environ.get("FLOWER_BASIC_AUTH") or f"renq:{secrets.token_urlsafe(12)}"

@@ -17,6 +17,12 @@ RUN_DIR = ROOT / ".run"
 VENV_BIN = Path(sys.executable).parent
 
 
+# The control worker runs beat and the periodic tasks on a few threads, so that a sweep that
+# takes a second or more never holds back the every-second aging and expiry runs
+# (docker/docker-compose.yml and the README start it the same way).
+CONTROL_WORKER_OPTIONS = ["--pool", "threads", "--concurrency", "4"]
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -175,7 +175,9 @@ class Cluster:
     def control_worker(self, **kwargs) -> ChildProcess:
         from inference.queues import control_queue
 
-        # One pool process: PostgreSQL's connection slots are shared with whatever else runs.
+        # As shipped (scripts/processes.py CONTROL_WORKER_OPTIONS): beat and the periodic
+        # tasks on 4 threads of one process.
+        kwargs = {"pool": "threads", "concurrency": 4, **kwargs}
         return self.worker("control", [control_queue()], beat=True, **kwargs)
 
     def io_worker(self, name: str = "io", **kwargs) -> ChildProcess:

@@ -121,6 +121,8 @@ def test_exactly_one_worker_runs_beat_and_it_serves_renq_control():
     beat = [args for args in workers().values() if "-B" in args or "--beat" in args]
     assert len(beat) == 1
     assert option(beat[0], "-Q") == "renq.control"
+    # A slow sweep must not hold back the every-second aging and expiry runs.
+    assert option(beat[0], "--pool") == "threads"
 
 
 def test_web_and_every_worker_have_healthchecks():
