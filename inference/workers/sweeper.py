@@ -121,8 +121,11 @@ def promote_waiting_jobs(now=None) -> int:
 
 
 def _promote_due_jobs(now) -> int:
+    # Every move is written first (one UPDATE per chunk), then the messages are published:
+    # publishing, one confirm per message, took 0.4-0.6 s for 600 jobs under the bench's
+    # backlog, and moving the next tier's jobs only after it made them that much later.
     policies = tier_policies()
-    promoted = 0
+    moved: dict = {}  # job id -> None, in the order moved (oldest first per tier)
     for own in TIER_ORDER:
         entered_at_s = 0.0  # seconds after submission the job entered `current`
         current = own
@@ -139,7 +142,7 @@ def _promote_due_jobs(now) -> int:
                 parent__isnull=True,
                 created_at__lt=now - timedelta(seconds=entered_at_s),
             )
-            while promoted < MAX_PROMOTIONS_PER_RUN:
+            while len(moved) < MAX_PROMOTIONS_PER_RUN:
                 # The longest-waiting first.
                 ids = list(
                     waiting.order_by("created_at").values_list("pk", flat=True)[:PROMOTION_CHUNK]
@@ -147,13 +150,19 @@ def _promote_due_jobs(now) -> int:
                 if not ids:
                     break
                 Job.objects.filter(pk__in=ids, tier=own).promote(up)
-                jobs = Job.objects.filter(pk__in=ids, serving_tier=up).select_related(
-                    "service", "route__backend"
-                )
-                promoted += publish_many(list(jobs))
+                moved.update(dict.fromkeys(ids))
                 if len(ids) < PROMOTION_CHUNK:
                     break
             current = up
+    promoted = 0
+    ids = list(moved)
+    for first in range(0, len(ids), PROMOTION_CHUNK):
+        # Still queued: a worker may have claimed some from their old queue meanwhile. Each
+        # goes to the queue of the tier it was moved to last.
+        jobs = Job.objects.filter(
+            pk__in=ids[first : first + PROMOTION_CHUNK], status=JobStatus.QUEUED
+        ).select_related("service", "route__backend")
+        promoted += publish_many(list(jobs.order_by("created_at")))
     return promoted
 
 
