@@ -13,7 +13,7 @@ from inference.engines.noop import NoopEngine
 from inference.models import Job
 from inference.tiers import Tier
 from inference.workers.gpu import BatchReport, BatchRunner, _Drain
-from inference.workers.tier_reader import PulledMessage
+from inference.workers.tier_reader import DEFAULT_WEIGHTS, PulledMessage, WeightedShare
 
 
 class FakeMessage:
@@ -32,6 +32,7 @@ class FakeMessage:
 class FakeReader:
     def __init__(self, messages):
         self.messages = list(messages)
+        self.share = WeightedShare(DEFAULT_WEIGHTS)
 
     def get(self, tiers=None):
         return self.messages.pop(0) if self.messages else None
@@ -56,5 +57,5 @@ def test_a_pulled_message_goes_back_when_the_claim_fails(make_service, monkeypat
 
     monkeypatch.setattr(Job.objects, "claim", database_gone)
     with pytest.raises(OperationalError):
-        drain.fill(drain.new_window(), only_realtime=False)
+        drain.fill(drain.new_window(), only_realtime=False, may_pull=True)
     assert message.requeued, "the message would stay unacked on the reader's channel"
