@@ -36,9 +36,11 @@ app.conf.update(
     task_soft_time_limit=240,
     task_ignore_result=True,
     result_expires=3600,
-    # Flower needs events.
+    # Flower needs the workers' events (received, started, succeeded, ...). Not task-sent:
+    # Celery publishes it on the publisher's confirm channel, a second publish and confirm
+    # per dispatch message on the submit path (0.4 ms of the web's CPU per message, measured).
     worker_send_task_events=True,
-    task_send_sent_event=True,
+    task_send_sent_event=False,
     task_serializer="json",
     accept_content=["json"],
     timezone="UTC",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 
 import pytest
@@ -89,6 +90,34 @@ def test_a_submission_is_published_with_no_second_write_to_its_job(make_tenant, 
     assert ready_message_counts([tier_queue("one-write", job.tier)]) == {
         tier_queue("one-write", job.tier): 1
     }
+
+
+def test_a_submission_publishes_its_dispatch_message_and_no_task_sent_event(
+    make_tenant, make_service
+):
+    # Celery's task-sent event was a second publish (and publisher confirm) per dispatch
+    # message on the submit path; Flower sees the tasks from the workers' events.
+    from kombu import Exchange, Queue
+
+    from inference.queues import service_queues
+    from inference.submission import submit_job
+    from renq_site.celery import app
+    from tests.conftest import purge_test_queues
+
+    make_service("noop", name="no-sent-event")  # no worker: the message stays in its queue
+    purge_test_queues(service_queues("no-sent-event"))
+    tenant, _ = make_tenant()
+    with app.connection_for_write() as connection:
+        events = Queue(
+            "", Exchange("celeryev", type="topic"), routing_key="task.#", exclusive=True
+        )(connection.default_channel)
+        events.declare()
+        submit_job(tenant=tenant, service_name="no-sent-event", payload={"texts": ["x"]})
+        time.sleep(0.2)  # an event would have been routed by now
+        sent = []
+        while (message := events.get(no_ack=True)) is not None:
+            sent.append(message.headers.get("type") or message.payload.get("type"))
+    assert "task-sent" not in sent, sent
 
 
 def test_a_publish_that_fails_at_submission_leaves_the_job_to_the_outbox(
