@@ -119,6 +119,14 @@ UPDATE inference_job AS j
   FROM (VALUES %s) AS v(id, token, result, vectors, started_at, inference_ms, batch_size, tokens)
  WHERE j.id = v.id AND j.claim_token = v.token AND j.status = 'running'
 """
+# The same, with the audit trail's completion rows written by the same statement.
+_SUCCEED_AND_AUDIT_SQL = f"""
+WITH done AS ({_SUCCEED_SQL.strip()}
+RETURNING j.id, j.tenant_id, j.worker, j.status)
+INSERT INTO inference_auditevent (at, kind, tenant_id, job_id, actor, detail)
+SELECT clock_timestamp(), 'completed', tenant_id, id, worker, jsonb_build_object('status', status)
+  FROM done
+"""
 _SUCCEED_ROW = (
     "(%s::uuid, %s::uuid, %s, %s::bytea, %s::timestamptz, %s::double precision, %s::integer,"
     " %s::integer)"
@@ -243,13 +251,19 @@ class JobQuerySet(models.QuerySet):
             "attempt": 1 if count_attempt else 0,
         }
         claim = Claim(token=token)
-        with transaction.atomic(using=self.db), connection.cursor() as cursor:
-            if params["redelivered"]:
+        if params["redelivered"]:
+            with transaction.atomic(using=self.db), connection.cursor() as cursor:
                 cursor.execute(_POISON_SQL, params)
                 claim.dead_lettered = [row[0] for row in cursor.fetchall()]
                 _audit(cursor, claim.dead_lettered, "dead_lettered", [JobStatus.FAILED])
-            cursor.execute(_claim_layout(self.model)[0], params)
-            rows = cursor.fetchall()
+                cursor.execute(_claim_layout(self.model)[0], params)
+                rows = cursor.fetchall()
+        else:
+            # One statement, atomic by itself: no BEGIN and COMMIT round trips around it
+            # (a claim runs before every forward pass; at idle it is on a realtime job's path).
+            with connection.cursor() as cursor:
+                cursor.execute(_claim_layout(self.model)[0], params)
+                rows = cursor.fetchall()
         if not rows:
             return claim
         jobs = {job.pk: job for job in _claimed_jobs(self.model, rows, self.db)}
@@ -274,23 +288,43 @@ class JobQuerySet(models.QuerySet):
         written = 0
         successes = [o for o in outcomes if o.result is not None]
         failures = [o for o in outcomes if o.result is None]
+        rows = []
+        for o in successes:
+            result, vectors = split_result(o.result)
+            rows.append(
+                (
+                    str(o.job.pk),
+                    str(token),
+                    json.dumps(result),
+                    None if vectors is None else Binary(vectors),
+                    o.started_at or now,
+                    o.inference_ms,
+                    o.batch_size,
+                    o.tokens,
+                )
+            )
+        if not outcomes:
+            return 0
+        if not failures:
+            # The common batch: its outcomes and their audit rows in one statement, atomic by
+            # itself (no BEGIN/COMMIT round trips): the job is finished one round trip after
+            # its forward pass.
+            with connection.cursor() as cursor:
+                execute_values(
+                    cursor.cursor,
+                    _SUCCEED_AND_AUDIT_SQL,
+                    rows,
+                    template=_SUCCEED_ROW,
+                    page_size=len(rows),
+                )
+                written = cursor.cursor.rowcount
+            transaction.on_commit(
+                lambda: notify_finished(o.job.pk for o in outcomes), using=self.db
+            )
+            metrics.record_outcomes(outcomes)
+            return written
         with transaction.atomic(using=self.db), connection.cursor() as cursor:
             if successes:
-                rows = []
-                for o in successes:
-                    result, vectors = split_result(o.result)
-                    rows.append(
-                        (
-                            str(o.job.pk),
-                            str(token),
-                            json.dumps(result),
-                            None if vectors is None else Binary(vectors),
-                            o.started_at or now,
-                            o.inference_ms,
-                            o.batch_size,
-                            o.tokens,
-                        )
-                    )
                 execute_values(
                     cursor.cursor, _SUCCEED_SQL, rows, template=_SUCCEED_ROW, page_size=len(rows)
                 )

@@ -97,3 +97,26 @@ def test_a_claim_is_one_statement_and_returns_whole_jobs(make_tenant, make_servi
         for j in reversed(jobs)
     ]
     assert claim.jobs[0].claim_token == claim.token and claim.jobs[0].worker == "w1"
+
+
+@pytest.mark.django_db
+def test_a_batch_of_successes_is_stored_with_one_completion_each_and_only_once(
+    make_tenant, make_service
+):
+    from inference.models import AuditEvent
+
+    # After every forward pass the outcomes and their "completed" audit rows are written by
+    # one statement; a second store under the same claim (a redelivered message) changes
+    # nothing and records no second completion.
+    tenant, _ = make_tenant("storer")
+    service = make_service("noop", name="store-rows")
+    jobs = [_job(tenant, service) for _ in range(3)]
+    claim = Job.objects.claim([j.pk for j in jobs], worker="w1")
+    outcomes = [Outcome(job=j, result={"ok": True}, inference_ms=1.0) for j in claim.jobs]
+    assert Job.objects.store_outcomes(claim.token, outcomes) == 3
+    assert Job.objects.store_outcomes(claim.token, outcomes) == 0
+    stored = Job.objects.filter(pk__in=[j.pk for j in jobs])
+    assert {job.status for job in stored} == {JobStatus.SUCCEEDED}
+    completions = AuditEvent.objects.filter(job_id__in=[j.pk for j in jobs], kind="completed")
+    assert sorted(str(e.job_id) for e in completions) == sorted(str(j.pk) for j in jobs)
+    assert {e.actor for e in completions} == {"w1"}
