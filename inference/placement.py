@@ -197,38 +197,43 @@ def _output_tokens(result: dict | None) -> int:
     return int(usage.get("completion_tokens") or 0)
 
 
+def record_local_throughput(outcomes: Sequence[Outcome]) -> None:
+    """The local backend's measured throughput (routing's capacity estimate), from one GPU
+    batch; called after its outcomes are stored, as it is only a statistic."""
+    ran = [o for o in outcomes if o.result is not None and o.inference_ms]
+    if not ran:
+        return
+    try:
+        record_local_batch(
+            ran[0].job.service.name, ran[0].batch_size or len(ran), ran[0].inference_ms / 1000
+        )
+    except redis.RedisError:
+        # A statistic: losing one sample must not keep a batch's results from being stored.
+        logger.warning("could not record local throughput", exc_info=True)
+
+
 def settle_local_outcomes(token: uuid.UUID, outcomes: Sequence[Outcome]) -> list[Outcome]:
     """After a GPU batch, once per claim token, before storing outcomes.
 
-    Records the local throughput; for jobs that went through a route, records their local
-    attempts in one query and hands failed ones to the next fallback. Returns the outcomes the
-    worker must still store: all of them for unrouted jobs, none for jobs handed on, and for
-    routed jobs whose cascade ended, a failure listing every reason.
+    For jobs that went through a route, records their local attempts in one query and hands
+    failed ones to the next fallback. Returns the outcomes the worker must still store: all
+    of them for unrouted jobs, none for jobs handed on, and for routed jobs whose cascade
+    ended, a failure listing every reason.
     """
     if not outcomes:
         return []
-    ran = [o for o in outcomes if o.result is not None and o.inference_ms]
-    if ran:
-        try:
-            record_local_batch(
-                ran[0].job.service.name, ran[0].batch_size or len(ran), ran[0].inference_ms / 1000
-            )
-        except redis.RedisError:
-            # A statistic: losing one sample must not keep a batch's results from being stored.
-            logger.warning("could not record local throughput", exc_info=True)
-    routed = dict(
-        JobRoute.objects.filter(job_id__in=[o.job.pk for o in outcomes]).values_list(
-            "job_id", "backend_id"
-        )
-    )
+    routed = {
+        route.job_id: route.backend
+        for route in JobRoute.objects.filter(job_id__in=[o.job.pk for o in outcomes])
+        .select_related("backend")
+    }
     if not routed:
         return list(outcomes)
     now = timezone.now()
-    backends = Backend.objects.in_bulk(set(routed.values()))
     record_attempts(
         AttemptRecord(
             job_id=o.job.pk,
-            backend=backends[routed[o.job.pk]],
+            backend=routed[o.job.pk],
             started_at=o.started_at or o.job.claimed_at or now,
             outcome=AttemptOutcome.SUCCEEDED if o.result is not None else AttemptOutcome.FAILED,
             error=o.error,
@@ -247,8 +252,8 @@ def settle_local_outcomes(token: uuid.UUID, outcomes: Sequence[Outcome]) -> list
         # Every job failed: the local backend itself is unwell (a single bad input is not).
         breaker = CircuitBreaker(shared_redis())
         try:
-            for backend_id in {routed[o.job.pk] for o in failed}:
-                breaker.record_failure(backends[backend_id])
+            for backend in {routed[o.job.pk] for o in failed}:
+                breaker.record_failure(backend)
         except redis.RedisError:
             logger.warning("could not record a local failure on the breaker", exc_info=True)
     cascade = FallbackCascade()
@@ -256,7 +261,7 @@ def settle_local_outcomes(token: uuid.UUID, outcomes: Sequence[Outcome]) -> list
         error = hand_on(
             outcome.job,
             token,
-            backends[routed[outcome.job.pk]],
+            routed[outcome.job.pk],
             LocalEngineError(outcome.error),
             cascade=cascade,
         )

@@ -46,7 +46,11 @@ from inference.kinds import kind_of
 from inference.log_fields import job_fields
 from inference.lookups import RECHECK_INTERVAL_S
 from inference.models import Job, Service
-from inference.placement import fail_over_local_error, settle_local_outcomes
+from inference.placement import (
+    fail_over_local_error,
+    record_local_throughput,
+    settle_local_outcomes,
+)
 from inference.publishing import dead_letter
 from inference.streaming import TextRelay
 from inference.tiers import Tier
@@ -549,11 +553,17 @@ class _Drain:
     def store(self, batch: list[Held], outcomes: list[Outcome]) -> None:
         report = self.report
         report.tiers = sorted(set(report.tiers) | {h.job.tier for h in batch})
+        self.store_finished(batch, outcomes)
+        # Statistics after the outcomes: a job is finished before its batch is counted.
         if outcomes[0].inference_ms is not None and outcomes[0].batch_size == len(batch):
             self.cost_model.observe_batch(
                 outcomes[0].inference_ms / 1000, sum(o.tokens for o in outcomes)
             )
         metrics.observe_batch(self.service, outcomes)
+        record_local_throughput(outcomes)
+
+    def store_finished(self, batch: list[Held], outcomes: list[Outcome]) -> None:
+        report = self.report
         # Generations left unfinished went back to the line (carry_on); the rest are stored,
         # with what their earlier passes took.
         finished = [
