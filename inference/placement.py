@@ -224,8 +224,9 @@ def settle_local_outcomes(token: uuid.UUID, outcomes: Sequence[Outcome]) -> list
         return []
     routed = {
         route.job_id: route.backend
-        for route in JobRoute.objects.filter(job_id__in=[o.job.pk for o in outcomes])
-        .select_related("backend")
+        for route in JobRoute.objects.filter(
+            job_id__in=[o.job.pk for o in outcomes]
+        ).select_related("backend")
     }
     if not routed:
         return list(outcomes)

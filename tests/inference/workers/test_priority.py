@@ -26,6 +26,32 @@ def submit(tenant, service, *, sleep_ms=0, priority="batch", text="x", **kw):
     return submit_job(tenant=tenant, service_name=service, payload=payload, priority=priority, **kw)
 
 
+def _tier_jobs(make_tenant, make_service, name: str, *, budget_s: float, sleep_ms: int):
+    """A no-op service of the test's own (its queues emptied) with a preemption budget, and
+    a maker of its jobs of one tier, each sleeping `sleep_ms`, stored but not published."""
+    from inference.queues import service_queues
+    from tests.conftest import purge_test_queues
+
+    service = make_service(
+        "noop", name=name, batch_size=64, batch_timeout=0.01, preemption_budget_s=budget_s
+    )
+    purge_test_queues(service_queues(name))
+    tenant, _ = make_tenant()
+
+    def jobs(tier: str, n: int) -> list[Job]:
+        return Job.objects.bulk_create(
+            Job(
+                tenant=tenant,
+                service=service,
+                tier=tier,
+                input={"texts": ["x"], "sleep_ms": sleep_ms},
+            )
+            for _ in range(n)
+        )
+
+    return service, jobs
+
+
 def test_a_realtime_job_waits_for_one_bounded_batch_not_a_long_one(
     celery_worker_process, make_tenant, make_service
 ):
@@ -152,9 +178,7 @@ def test_aging_promotes_every_due_job_in_one_run(make_tenant, make_service, monk
     assert sum(counts.values()) >= 1  # published, a few jobs per message
 
 
-def test_a_promotion_run_overlapping_another_one_moves_nothing_twice(
-    make_tenant, make_service
-):
+def test_a_promotion_run_overlapping_another_one_moves_nothing_twice(make_tenant, make_service):
     # The control worker runs its tasks on threads: a promotion run that starts while the
     # previous one still runs must not re-publish the same jobs.
     import psycopg2
@@ -193,22 +217,11 @@ def test_the_loop_claims_5_3_2_with_expired_p1_jobs_and_p3_in_eight_job_messages
     # message, 40 % of the P1 jobs expired while queued, P3 jobs submitted in lists (8 to a
     # message). The loop claims live jobs 5:3:2 between the tiers below realtime.
     from inference.publishing import publish, publish_many
-    from inference.queues import service_queues
     from inference.workers import gpu
-    from tests.conftest import in_process_readers, purge_test_queues
+    from tests.conftest import in_process_readers
 
-    service = make_service(
-        "noop", name="share-mix", batch_size=64, batch_timeout=0.01, preemption_budget_s=0.05
-    )
-    purge_test_queues(service_queues("share-mix"))
+    service, jobs = _tier_jobs(make_tenant, make_service, "share-mix", budget_s=0.05, sleep_ms=10)
     BatchCostModel("share-mix", "cpu").observe_batch(0.0105, 10)  # ~1 ms per slept ms
-    tenant, _ = make_tenant()
-
-    def jobs(tier: str, n: int) -> list[Job]:
-        return Job.objects.bulk_create(
-            Job(tenant=tenant, service=service, tier=tier, input={"texts": ["x"], "sleep_ms": 10})
-            for _ in range(n)
-        )
 
     # 2 s of 10 ms jobs run at most 200: no tier runs out.
     api, batch, offline = jobs("api", 300), jobs("batch", 300), jobs("offline", 300)
@@ -295,21 +308,10 @@ def test_jobs_claimed_together_run_at_their_tiers_turn_not_back_to_back(
     # claimed together must wait for their tier's turn, so in the order the jobs ran no tier
     # runs 8 in a row and every tier runs in every 10 jobs (the share's floor).
     from inference.publishing import publish, publish_many
-    from inference.queues import service_queues
     from inference.workers import gpu
-    from tests.conftest import in_process_readers, purge_test_queues
+    from tests.conftest import in_process_readers
 
-    service = make_service(
-        "noop", name="share-turns", batch_size=64, batch_timeout=0.01, preemption_budget_s=0.001
-    )
-    purge_test_queues(service_queues("share-turns"))
-    tenant, _ = make_tenant()
-
-    def jobs(tier: str, n: int) -> list[Job]:
-        return Job.objects.bulk_create(
-            Job(tenant=tenant, service=service, tier=tier, input={"texts": ["x"], "sleep_ms": 3})
-            for _ in range(n)
-        )
+    service, jobs = _tier_jobs(make_tenant, make_service, "share-turns", budget_s=0.001, sleep_ms=3)
 
     api, batch, offline = jobs("api", 200), jobs("batch", 200), jobs("offline", 200)
     for job in api[1:]:
