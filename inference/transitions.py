@@ -285,7 +285,8 @@ class JobQuerySet(models.QuerySet):
         """running → succeeded | failed for one batch, one round trip each. Only rows still
         held under `token` change. Returns how many rows were written."""
         now = timezone.now()
-        written = 0
+        if not outcomes:
+            return 0
         successes = [o for o in outcomes if o.result is not None]
         failures = [o for o in outcomes if o.result is None]
         rows = []
@@ -303,8 +304,7 @@ class JobQuerySet(models.QuerySet):
                     o.tokens,
                 )
             )
-        if not outcomes:
-            return 0
+        written = 0
         if not failures:
             # The common batch: its outcomes and their audit rows in one statement, atomic by
             # itself (no BEGIN/COMMIT round trips): the job is finished one round trip after
@@ -318,34 +318,34 @@ class JobQuerySet(models.QuerySet):
                     page_size=len(rows),
                 )
                 written = cursor.cursor.rowcount
-            transaction.on_commit(
-                lambda: notify_finished(o.job.pk for o in outcomes), using=self.db
-            )
-            metrics.record_outcomes(outcomes)
-            return written
-        with transaction.atomic(using=self.db), connection.cursor() as cursor:
-            if successes:
-                execute_values(
-                    cursor.cursor, _SUCCEED_SQL, rows, template=_SUCCEED_ROW, page_size=len(rows)
+        else:
+            with transaction.atomic(using=self.db), connection.cursor() as cursor:
+                if successes:
+                    execute_values(
+                        cursor.cursor,
+                        _SUCCEED_SQL,
+                        rows,
+                        template=_SUCCEED_ROW,
+                        page_size=len(rows),
+                    )
+                    written += cursor.cursor.rowcount
+                for o in failures:
+                    written += self.model.objects.filter(
+                        pk=o.job.pk, claim_token=token, status=JobStatus.RUNNING
+                    ).update(
+                        status=JobStatus.FAILED,
+                        error=o.error[:4000],
+                        started_at=o.started_at or now,
+                        finished_at=now,
+                        dead_lettered_at=now if o.dead_letter else None,
+                    )
+                _audit(
+                    cursor,
+                    [o.job.pk for o in outcomes],
+                    "completed",
+                    [JobStatus.SUCCEEDED, JobStatus.FAILED],
+                    token,
                 )
-                written += cursor.cursor.rowcount
-            for o in failures:
-                written += self.model.objects.filter(
-                    pk=o.job.pk, claim_token=token, status=JobStatus.RUNNING
-                ).update(
-                    status=JobStatus.FAILED,
-                    error=o.error[:4000],
-                    started_at=o.started_at or now,
-                    finished_at=now,
-                    dead_lettered_at=now if o.dead_letter else None,
-                )
-            _audit(
-                cursor,
-                [o.job.pk for o in outcomes],
-                "completed",
-                [JobStatus.SUCCEEDED, JobStatus.FAILED],
-                token,
-            )
         # Front-door requests waiting for these jobs hear now (inference.waiting); never raises.
         transaction.on_commit(lambda: notify_finished(o.job.pk for o in outcomes), using=self.db)
         metrics.record_outcomes(outcomes)

@@ -551,8 +551,7 @@ class _Drain:
     # --- storing ----------------------------------------------------------------------------
 
     def store(self, batch: list[Held], outcomes: list[Outcome]) -> None:
-        report = self.report
-        report.tiers = sorted(set(report.tiers) | {h.job.tier for h in batch})
+        self.report.tiers = sorted(set(self.report.tiers) | {h.job.tier for h in batch})
         self.store_finished(batch, outcomes)
         # Statistics after the outcomes: a job is finished before its batch is counted.
         if outcomes[0].inference_ms is not None and outcomes[0].batch_size == len(batch):
