@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import redis
@@ -212,24 +212,33 @@ def record_local_throughput(outcomes: Sequence[Outcome]) -> None:
         logger.warning("could not record local throughput", exc_info=True)
 
 
-def settle_local_outcomes(token: uuid.UUID, outcomes: Sequence[Outcome]) -> list[Outcome]:
+def settle_local_outcomes(
+    token: uuid.UUID,
+    outcomes: Sequence[Outcome],
+    route_backend_ids: Mapping[uuid.UUID, int] | None = None,
+) -> list[Outcome]:
     """After a GPU batch, once per claim token, before storing outcomes.
 
     For jobs that went through a route, records their local attempts in one query and hands
     failed ones to the next fallback. Returns the outcomes the worker must still store: all
     of them for unrouted jobs, none for jobs handed on, and for routed jobs whose cascade
-    ended, a failure listing every reason.
+    ended, a failure listing every reason. `route_backend_ids` (job id → backend id, what the
+    claim read) spares reading the routes again; without it they are read here.
     """
     if not outcomes:
         return []
-    routed = {
-        route.job_id: route.backend
-        for route in JobRoute.objects.filter(
-            job_id__in=[o.job.pk for o in outcomes]
-        ).select_related("backend")
-    }
-    if not routed:
+    if route_backend_ids is None:
+        route_backend_ids = dict(
+            JobRoute.objects.filter(job_id__in=[o.job.pk for o in outcomes]).values_list(
+                "job_id", "backend_id"
+            )
+        )
+    mine = {o.job.pk: route_backend_ids.get(o.job.pk) for o in outcomes}
+    mine = {job_id: backend_id for job_id, backend_id in mine.items() if backend_id is not None}
+    if not mine:
         return list(outcomes)
+    backends = Backend.objects.in_bulk(set(mine.values()))
+    routed = {job_id: backends[backend_id] for job_id, backend_id in mine.items()}
     now = timezone.now()
     record_attempts(
         AttemptRecord(

@@ -37,6 +37,7 @@ from inference import metrics
 from inference.tiers import Tier
 from inference.vectors import split_result
 from inference.waiting import notify_finished
+from routing.models import JobRoute
 
 if TYPE_CHECKING:
     from inference.models import Job
@@ -77,7 +78,8 @@ EXPIRED_IN_QUEUE = "waited longer than the service's queue_timeout before a work
 
 # The claimed rows come back with their service and tenant (one round trip: a worker claims
 # between forward passes, so the ORM's second SELECT and its SQL compilation were a third of
-# the drain loop's own time).
+# the drain loop's own time), and the backend their route chose, if any (storing the outcome
+# records a routed job's attempt; asking after the pass was a round trip on every job's path).
 _CLAIM_SQL = """
 UPDATE inference_job AS j
    SET status = 'running', claim_token = %(token)s, claimed_at = %(now)s,
@@ -87,7 +89,8 @@ UPDATE inference_job AS j
    AND (j.status = 'queued'
         OR (j.status = 'running' AND j.id = ANY(%(redelivered)s::uuid[])
             AND j.attempts < %(max_attempts)s))
-RETURNING {columns}
+RETURNING {columns},
+          (SELECT r.backend_id FROM {route_table} AS r WHERE r.job_id = j.id)
 """
 
 _POISON_SQL = """
@@ -142,6 +145,8 @@ class Claim:
     expired: list[Job] = field(default_factory=list)
     # Redelivered too often (their workers kept dying): failed and dead-lettered.
     dead_lettered: list[uuid.UUID] = field(default_factory=list)
+    # Job id → the backend its route chose, for the routed ones among `jobs`.
+    route_backend_ids: dict[uuid.UUID, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -198,18 +203,20 @@ def _claim_layout(model) -> tuple[str, list[tuple]]:
         attnames = [f.attname for f in fields]
         layout.append((part, attnames, converters, slice(start, start + len(fields))))
         start += len(fields)
-    return _CLAIM_SQL.format(columns=", ".join(columns)), layout
+    sql = _CLAIM_SQL.format(columns=", ".join(columns), route_table=JobRoute._meta.db_table)
+    return sql, layout
 
 
-def _claimed_jobs(model, rows: list[tuple], db: str) -> list[Job]:
-    """Job instances, their service and tenant attached, as select_related would build them."""
+def _claimed_jobs(model, rows: list[tuple], db: str) -> list[tuple[Job, int | None]]:
+    """(job, its route's backend id) pairs, the job's service and tenant attached as
+    select_related would build them."""
     job_layout, service_layout, tenant_layout = _claim_layout(model)[1]
     jobs = []
     for row in rows:
         job = _from_row(db, row, job_layout)
         job.service = _from_row(db, row, service_layout)
         job.tenant = _from_row(db, row, tenant_layout)
-        jobs.append(job)
+        jobs.append((job, row[-1]))
     return jobs
 
 
@@ -266,12 +273,17 @@ class JobQuerySet(models.QuerySet):
                 rows = cursor.fetchall()
         if not rows:
             return claim
-        jobs = {job.pk: job for job in _claimed_jobs(self.model, rows, self.db)}
+        jobs = {job.pk: (job, route) for job, route in _claimed_jobs(self.model, rows, self.db)}
         for job_id in params["ids"]:
-            job = jobs.get(uuid.UUID(job_id))
+            job, route_backend_id = jobs.get(uuid.UUID(job_id), (None, None))
             if job is None:
                 continue
-            (claim.expired if missed_deadline(job, now) else claim.jobs).append(job)
+            if missed_deadline(job, now):
+                claim.expired.append(job)
+                continue
+            claim.jobs.append(job)
+            if route_backend_id is not None:
+                claim.route_backend_ids[job.pk] = route_backend_id
         if claim.expired:
             metrics.record_jobs(claim.expired, JobStatus.EXPIRED, "deadline")
             self.model.objects.filter(

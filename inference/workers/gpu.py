@@ -579,12 +579,12 @@ class _Drain:
                 metrics.observe_time_to_first_token(
                     self.service.name, outcome.result["first_token_ms"] / 1000
                 )
-        by_token: dict = {}
+        by_claim: dict = {}
         for held, outcome in zip(batch, outcomes, strict=True):
-            by_token.setdefault(held.claim.token, []).append(outcome)
-        for token, token_outcomes in by_token.items():
+            by_claim.setdefault(held.claim.token, (held.claim, []))[1].append(outcome)
+        for token, (claim, token_outcomes) in by_claim.items():
             # Routed jobs: record local attempts, hand failures to the next fallback.
-            settled = settle_local_outcomes(token, token_outcomes)
+            settled = settle_local_outcomes(token, token_outcomes, claim.route_backend_ids)
             Job.objects.store_outcomes(token, settled)
             dead = [o.job.pk for o in settled if o.result is None and o.dead_letter]
             if dead:

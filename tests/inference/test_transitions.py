@@ -76,14 +76,19 @@ def test_a_claim_is_one_statement_and_returns_whole_jobs(make_tenant, make_servi
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
+    from routing.models import Backend, JobRoute
+
     # The worker claims between forward passes: the claimed jobs come back with their input,
-    # service and tenant from the UPDATE itself, not from further queries per job.
+    # service, tenant and route's backend (storing a routed job's outcome records its
+    # attempt there) from the UPDATE itself, not from further queries per job.
     tenant, _ = make_tenant("claimer")
     service = make_service("embedding", name="claim-rows")
     jobs = [
         Job.objects.create(tenant=tenant, service=service, tier="batch", input={"texts": [f"t{i}"]})
         for i in range(3)
     ]
+    local = Backend.objects.create(name="claim-rows-local", kind="local")
+    JobRoute.objects.create(job=jobs[1], backend=local, reason="test")
     with CaptureQueriesContext(connection) as queries:
         claim = Job.objects.claim([j.pk for j in reversed(jobs)], worker="w1")
         seen = [
@@ -97,6 +102,7 @@ def test_a_claim_is_one_statement_and_returns_whole_jobs(make_tenant, make_servi
         for j in reversed(jobs)
     ]
     assert claim.jobs[0].claim_token == claim.token and claim.jobs[0].worker == "w1"
+    assert claim.route_backend_ids == {jobs[1].pk: local.pk}
 
 
 @pytest.mark.django_db
