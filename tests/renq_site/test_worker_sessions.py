@@ -50,3 +50,31 @@ def test_a_session_past_conn_max_age_is_replaced_at_the_next_task(monkeypatch):
     with connection.cursor() as cursor:
         cursor.execute("SELECT 1")
     assert connection.connection is not session
+
+
+def test_a_kept_session_is_health_checked_at_most_once_a_second(monkeypatch):
+    import inference.tasks  # noqa: F401
+
+    # The check is a SELECT 1 round trip before a task's first query: at idle every task is
+    # one realtime job, so it runs once a second, not before every task.
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
+    monkeypatch.setitem(connection.settings_dict, "CONN_HEALTH_CHECKS", True)
+    connection.close()
+    connection.ensure_connection()
+    checks = []
+    is_usable = connection.is_usable
+    monkeypatch.setattr(connection, "is_usable", lambda: checks.append(1) or is_usable())
+    fixup = DjangoWorkerFixup(app)
+
+    def task() -> None:
+        _task_boundary(fixup)
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+
+    for _ in range(5):
+        task()
+    assert len(checks) == 1
+    session, checked_at = connection.renq_checked
+    connection.renq_checked = (session, checked_at - 1.5)  # as if checked 1.5 s ago
+    task()
+    assert len(checks) == 2
