@@ -83,16 +83,25 @@ class BatchWindow(Generic[T]):
         if not self.items:
             return 1
         mean_tokens = self.tokens / len(self.items)
-        n = 0
-        while n < slots:
-            tokens = self.tokens + (n + 1) * mean_tokens
+
+        def fits(n: int) -> bool:
+            tokens = self.tokens + n * mean_tokens
             if tokens > self.max_tokens:
-                break
+                return False
             if self.max_run_s is not None and self.predict_s is not None:
-                if self.predict_s(int(tokens)) > self.max_run_s:
-                    break
-            n += 1
-        return n
+                return self.predict_s(int(tokens)) <= self.max_run_s
+            return True
+
+        # More jobs only add tokens and run time: the most that fit, by bisection (a window of
+        # 256 asked the cost model 256 times before every pull).
+        low, high = 0, slots
+        while low < high:
+            middle = (low + high + 1) // 2
+            if fits(middle):
+                low = middle
+            else:
+                high = middle - 1
+        return low
 
     @property
     def has_realtime(self) -> bool:

@@ -496,15 +496,23 @@ class _Drain:
         pulled: list[PulledMessage] = []
         room = max(1, window.likely_room())
         jobs = 0
+        # Queues found empty in this pull are not asked again until the next one (each ask is
+        # a round trip: asking the realtime queue before every message doubled them). Realtime
+        # work arriving meanwhile is found before the batch starts (realtime_first).
+        empty: set[Tier] = set()
         while jobs < room:
             tiers = [Tier.REALTIME] if realtime else self.tiers_ahead_of_waiting()
-            pm = self.reader.get(tiers)
+            tiers = [tier for tier in tiers if tier not in empty]
+            pm = self.reader.get(tiers) if tiers else None
             if pm is None:
                 break
             pulled.append(pm)
             jobs += len(pm.job_ids)
             if pm.tier == Tier.REALTIME and not realtime:
                 break
+            empty.update(tiers[: tiers.index(pm.tier)])
+            if pm.left_in_queue == 0:
+                empty.add(pm.tier)
         return pulled
 
     def admit(self, pulled: list[PulledMessage], window: BatchWindow) -> None:

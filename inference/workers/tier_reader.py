@@ -97,6 +97,11 @@ class PulledMessage:
     def redelivered(self) -> bool:
         return bool(self.message.delivery_info.get("redelivered"))
 
+    @property
+    def left_in_queue(self) -> int | None:
+        """Messages its queue still held when this one was taken (basic.get-ok's count)."""
+        return self.message.delivery_info.get("message_count")
+
 
 class TierQueueReader:
     """One per worker process and service; keeps its own broker channel."""

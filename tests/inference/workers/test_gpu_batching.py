@@ -256,3 +256,51 @@ def test_the_next_batch_is_claimed_before_the_running_pass_ends_when_the_predict
         pass_ended = running[0].started_at.timestamp() + running[0].inference_ms / 1000
         claimed = max(j.claimed_at.timestamp() for j in following)
         assert claimed < pass_ended, (claimed - pass_ended, [len(p) for p in ordered])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_is_pulled_with_one_broker_ask_per_message_not_two(make_tenant, make_service):
+    # Ten api messages and an empty realtime queue: the realtime queue is asked once per pull,
+    # not before every message, and a queue the last message emptied is not asked again
+    # (basic.get-ok says how many were left). Each ask is a broker round trip in the loop.
+    from inference.engines import load_engine
+    from inference.queues import service_queues
+    from inference.workers import gpu, worker_identity
+    from tests.conftest import in_process_readers, purge_test_queues
+
+    service = make_service("noop", name="pull-asks", batch_size=10, batch_timeout=5)
+    purge_test_queues(service_queues("pull-asks"))
+    tenant, _ = make_tenant()
+    jobs = [
+        Job.objects.create(tenant=tenant, service=service, tier="api", input={"texts": ["x"]})
+        for _ in range(10)
+    ]
+    _publish(jobs)
+    with in_process_readers("pull-asks") as readers:
+        reader = readers.get("pull-asks")
+        asks: list[str] = []
+
+        def counted(tier: str, get):
+            def ask(**kwargs):
+                asks.append(tier)
+                return get(**kwargs)
+
+            return ask
+
+        for tier, queue in reader._queues.items():
+            queue.get = counted(tier, queue.get)
+        loop = gpu._Drain(
+            gpu.BatchRunner(readers),
+            service,
+            load_engine("noop", service.model_ref, device="cpu"),
+            reader,
+            worker_identity(),
+            gpu.BatchReport(),
+        )
+        batch = loop.form()
+        loop.runner._settle("pull-asks", loop.ledger.unsettled(), ack=True)
+
+    assert sorted(h.job.pk for h in batch) == sorted(j.pk for j in jobs)
+    # The first pull: realtime, api (one message); the second: realtime, api × 9; none after.
+    assert asks.count("api") == 10, asks
+    assert asks.count("realtime") == 2, asks
