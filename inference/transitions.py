@@ -335,14 +335,16 @@ class JobQuerySet(models.QuerySet):
                 if successes:
                     execute_values(
                         cursor.cursor,
-                        _SUCCEED_SQL,
+                        _SUCCEED_AND_AUDIT_SQL,
                         rows,
                         template=_SUCCEED_ROW,
                         page_size=len(rows),
                     )
                     written += cursor.cursor.rowcount
-                for o in failures:
-                    written += self.model.objects.filter(
+                failed_now = [
+                    o.job.pk
+                    for o in failures
+                    if self.model.objects.filter(
                         pk=o.job.pk, claim_token=token, status=JobStatus.RUNNING
                     ).update(
                         status=JobStatus.FAILED,
@@ -351,13 +353,11 @@ class JobQuerySet(models.QuerySet):
                         finished_at=now,
                         dead_lettered_at=now if o.dead_letter else None,
                     )
-                _audit(
-                    cursor,
-                    [o.job.pk for o in outcomes],
-                    "completed",
-                    [JobStatus.SUCCEEDED, JobStatus.FAILED],
-                    token,
-                )
+                ]
+                written += len(failed_now)
+                # Completion rows for the jobs this call moved, so a second store under the
+                # same claim (a redelivered message) records no second completion.
+                _audit(cursor, failed_now, "completed", [JobStatus.FAILED], token)
         # Front-door requests waiting for these jobs hear now (inference.waiting); never raises.
         transaction.on_commit(lambda: notify_finished(o.job.pk for o in outcomes), using=self.db)
         metrics.record_outcomes(outcomes)

@@ -126,3 +126,31 @@ def test_a_batch_of_successes_is_stored_with_one_completion_each_and_only_once(
     completions = AuditEvent.objects.filter(job_id__in=[j.pk for j in jobs], kind="completed")
     assert sorted(str(e.job_id) for e in completions) == sorted(str(j.pk) for j in jobs)
     assert {e.actor for e in completions} == {"w1"}
+
+
+@pytest.mark.django_db
+def test_a_mixed_batch_stored_twice_records_one_completion_per_job(make_tenant, make_service):
+    from inference.models import AuditEvent
+
+    # Successes and a failure in one batch go through the transaction path; a redelivered
+    # message storing the same outcomes again must not record a second completion either.
+    tenant, _ = make_tenant("mixed-storer")
+    service = make_service("noop", name="store-mixed")
+    jobs = [_job(tenant, service) for _ in range(3)]
+    claim = Job.objects.claim([j.pk for j in jobs], worker="w1")
+    ok, ok2, bad = claim.jobs
+    outcomes = [
+        Outcome(job=ok, result={"ok": True}, inference_ms=1.0),
+        Outcome(job=ok2, result={"ok": True}, inference_ms=1.0),
+        Outcome(job=bad, error="the model raised"),
+    ]
+    assert Job.objects.store_outcomes(claim.token, outcomes) == 3
+    assert Job.objects.store_outcomes(claim.token, outcomes) == 0
+    statuses = dict(Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("pk", "status"))
+    assert statuses == {
+        ok.pk: JobStatus.SUCCEEDED,
+        ok2.pk: JobStatus.SUCCEEDED,
+        bad.pk: JobStatus.FAILED,
+    }
+    completions = AuditEvent.objects.filter(job_id__in=[j.pk for j in jobs], kind="completed")
+    assert sorted(str(e.job_id) for e in completions) == sorted(str(j.pk) for j in jobs)
