@@ -233,8 +233,9 @@ def settle_local_outcomes(
                 "job_id", "backend_id"
             )
         )
-    mine = {o.job.pk: route_backend_ids.get(o.job.pk) for o in outcomes}
-    mine = {job_id: backend_id for job_id, backend_id in mine.items() if backend_id is not None}
+    mine = {
+        o.job.pk: route_backend_ids[o.job.pk] for o in outcomes if o.job.pk in route_backend_ids
+    }
     if not mine:
         return list(outcomes)
     backends = Backend.objects.in_bulk(set(mine.values()))

@@ -18,6 +18,7 @@ second: `Job.objects.filter(pk=…, claim_token=token).requeue()`.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import uuid
@@ -187,6 +188,11 @@ def _audit(cursor, job_ids: list, kind: str, statuses: list[str], token=None) ->
         )
 
 
+def _atomic_if(needed: bool, using: str):
+    """A transaction around several statements; none around one (it is atomic by itself)."""
+    return transaction.atomic(using=using) if needed else contextlib.nullcontext()
+
+
 @functools.cache
 def _claim_layout(model) -> tuple[str, list[tuple]]:
     """_CLAIM_SQL returning the job's, its service's and its tenant's columns in the models'
@@ -258,19 +264,17 @@ class JobQuerySet(models.QuerySet):
             "attempt": 1 if count_attempt else 0,
         }
         claim = Claim(token=token)
-        if params["redelivered"]:
-            with transaction.atomic(using=self.db), connection.cursor() as cursor:
+        # Without redeliveries the claim is one statement, atomic by itself: no BEGIN and
+        # COMMIT round trips around it (a claim runs before every forward pass; at idle it is on
+        # a realtime job's path).
+        redelivered = bool(params["redelivered"])
+        with _atomic_if(redelivered, self.db), connection.cursor() as cursor:
+            if redelivered:
                 cursor.execute(_POISON_SQL, params)
                 claim.dead_lettered = [row[0] for row in cursor.fetchall()]
                 _audit(cursor, claim.dead_lettered, "dead_lettered", [JobStatus.FAILED])
-                cursor.execute(_claim_layout(self.model)[0], params)
-                rows = cursor.fetchall()
-        else:
-            # One statement, atomic by itself: no BEGIN and COMMIT round trips around it
-            # (a claim runs before every forward pass; at idle it is on a realtime job's path).
-            with connection.cursor() as cursor:
-                cursor.execute(_claim_layout(self.model)[0], params)
-                rows = cursor.fetchall()
+            cursor.execute(_claim_layout(self.model)[0], params)
+            rows = cursor.fetchall()
         if not rows:
             return claim
         jobs = {job.pk: (job, route) for job, route in _claimed_jobs(self.model, rows, self.db)}
@@ -316,12 +320,13 @@ class JobQuerySet(models.QuerySet):
                     o.tokens,
                 )
             )
+        # A batch of successes is one statement, atomic by itself (no BEGIN/COMMIT round
+        # trips): the job is finished one round trip after its forward pass. Its completion
+        # audit rows come from the same statement, only for the rows it moved, so a second
+        # store under the same claim (a redelivered message) records no second completion.
         written = 0
-        if not failures:
-            # The common batch: its outcomes and their audit rows in one statement, atomic by
-            # itself (no BEGIN/COMMIT round trips): the job is finished one round trip after
-            # its forward pass.
-            with connection.cursor() as cursor:
+        with _atomic_if(bool(failures), self.db), connection.cursor() as cursor:
+            if rows:
                 execute_values(
                     cursor.cursor,
                     _SUCCEED_AND_AUDIT_SQL,
@@ -330,34 +335,21 @@ class JobQuerySet(models.QuerySet):
                     page_size=len(rows),
                 )
                 written = cursor.cursor.rowcount
-        else:
-            with transaction.atomic(using=self.db), connection.cursor() as cursor:
-                if successes:
-                    execute_values(
-                        cursor.cursor,
-                        _SUCCEED_AND_AUDIT_SQL,
-                        rows,
-                        template=_SUCCEED_ROW,
-                        page_size=len(rows),
-                    )
-                    written += cursor.cursor.rowcount
-                failed_now = [
-                    o.job.pk
-                    for o in failures
-                    if self.model.objects.filter(
-                        pk=o.job.pk, claim_token=token, status=JobStatus.RUNNING
-                    ).update(
-                        status=JobStatus.FAILED,
-                        error=o.error[:4000],
-                        started_at=o.started_at or now,
-                        finished_at=now,
-                        dead_lettered_at=now if o.dead_letter else None,
-                    )
-                ]
-                written += len(failed_now)
-                # Completion rows for the jobs this call moved, so a second store under the
-                # same claim (a redelivered message) records no second completion.
-                _audit(cursor, failed_now, "completed", [JobStatus.FAILED], token)
+            failed_now = [
+                o.job.pk
+                for o in failures
+                if self.model.objects.filter(
+                    pk=o.job.pk, claim_token=token, status=JobStatus.RUNNING
+                ).update(
+                    status=JobStatus.FAILED,
+                    error=o.error[:4000],
+                    started_at=o.started_at or now,
+                    finished_at=now,
+                    dead_lettered_at=now if o.dead_letter else None,
+                )
+            ]
+            written += len(failed_now)
+            _audit(cursor, failed_now, "completed", [JobStatus.FAILED], token)
         # Front-door requests waiting for these jobs hear now (inference.waiting); never raises.
         transaction.on_commit(lambda: notify_finished(o.job.pk for o in outcomes), using=self.db)
         metrics.record_outcomes(outcomes)
