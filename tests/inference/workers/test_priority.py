@@ -151,14 +151,12 @@ def test_every_timeout_path_expires_or_fails_the_job_with_its_reason(
     assert Job.objects.filter(pk=too_slow.pk, dead_lettered_at__isnull=True).exists()
 
 
-def test_aging_promotes_every_due_job_in_one_run(make_tenant, make_service, monkeypatch):
-    # A backlog submitted at once comes due at once: all of it moves up in one run, oldest
-    # first, not one chunk per run (which left the rest waiting past their bound).
+def _offline_jobs_due_for_aging(make_tenant, make_service, name: str, count: int):
+    """A service with no worker (its jobs stay queued) and `count` offline jobs submitted 5 s
+    ago, past offline's 1 s aging threshold (batch's is 600 s). Returns the service."""
     from inference.config.models import SchedulerSettings
-    from inference.workers import sweeper
 
-    monkeypatch.setattr(sweeper, "PROMOTION_CHUNK", 10)
-    service = make_service("noop", name="aging-backlog")  # no worker: all stay queued
+    service = make_service("noop", name=name)
     SchedulerSettings.objects.update_or_create(
         pk=SchedulerSettings.SINGLETON_PK,
         defaults={"tiers": {"offline": {"aging_after_s": 1.0}, "batch": {"aging_after_s": 600}}},
@@ -168,8 +166,18 @@ def test_aging_promotes_every_due_job_in_one_run(make_tenant, make_service, monk
     Job.objects.bulk_create(
         Job(tenant=tenant, service=service, tier="offline", input={"texts": [f"t{i}"]},
             created_at=long_ago)
-        for i in range(25)
+        for i in range(count)
     )  # fmt: skip
+    return service
+
+
+def test_aging_promotes_every_due_job_in_one_run(make_tenant, make_service, monkeypatch):
+    # A backlog submitted at once comes due at once: all of it moves up in one run, oldest
+    # first, not one chunk per run (which left the rest waiting past their bound).
+    from inference.workers import sweeper
+
+    monkeypatch.setattr(sweeper, "PROMOTION_CHUNK", 10)
+    service = _offline_jobs_due_for_aging(make_tenant, make_service, "aging-backlog", 25)
     assert promote_waiting_jobs() == 25
     assert set(Job.objects.filter(service=service).values_list("serving_tier", flat=True)) == {
         "batch"
@@ -184,20 +192,9 @@ def test_a_promotion_run_overlapping_another_one_moves_nothing_twice(make_tenant
     import psycopg2
     from django.db import connection
 
-    from inference.config.models import SchedulerSettings
     from inference.workers import sweeper
 
-    service = make_service("noop", name="aging-overlap")  # no worker: all stay queued
-    SchedulerSettings.objects.update_or_create(
-        pk=SchedulerSettings.SINGLETON_PK,
-        defaults={"tiers": {"offline": {"aging_after_s": 1.0}, "batch": {"aging_after_s": 600}}},
-    )
-    tenant, _ = make_tenant()
-    long_ago = timezone.now() - timezone.timedelta(seconds=5)
-    Job.objects.create(
-        tenant=tenant, service=service, tier="offline", input={"texts": ["t"]},
-        created_at=long_ago,
-    )  # fmt: skip
+    service = _offline_jobs_due_for_aging(make_tenant, make_service, "aging-overlap", 1)
     other = psycopg2.connect(**connection.get_connection_params())
     try:
         with other.cursor() as cursor:  # the run already under way
