@@ -152,18 +152,19 @@ def check_running_jobs(tenant: Tenant, jobs: int) -> None:
 
 def lock_and_check_queue_capacity(service: Service, tier: str, jobs: int) -> None:
     """Inside the submitting transaction: take the service's advisory lock (released at commit),
-    then count. Concurrent submitters are serialized for one COUNT, so none overshoots."""
+    then count, in one round trip (the `renq_lock_queued_depth` function, migration 0009).
+    Concurrent submitters are serialized for one count, so none overshoots."""
     limit = service.max_queue_size
     if not limit:
         return
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_advisory_xact_lock(%s, %s)", [_CAPACITY_LOCK_SPACE, service.pk])
     # Non-realtime work may use the queue up to the reserved margin; realtime the whole of it.
     allowed = limit if tier == Tier.REALTIME else limit - int(limit * P0_RESERVED_FRACTION)
     # Counting stops at the limit: the check costs the same with 10 or 10^6 jobs queued.
-    depth = (
-        Job.objects.filter(service=service, status=JobStatus.QUEUED).values("pk")[:limit].count()
-    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT renq_lock_queued_depth(%s, %s, %s)", [_CAPACITY_LOCK_SPACE, service.pk, limit]
+        )
+        (depth,) = cursor.fetchone()
     if depth + jobs > allowed:
         # Rough drain time: one batch per batch_timeout is the floor of what a worker does.
         retry = max(1, math.ceil(depth / max(service.batch_size, 1) * service.batch_timeout))

@@ -95,6 +95,9 @@ def _send(jobs: Sequence[Job]) -> bool:
             priority=target.priority,
             # Each publish gets its own id; Postgres, not the message id, makes runs unique.
             task_id=str(uuid.uuid4()),
+            # Results live in Postgres: without this, Celery subscribes to the task's result
+            # channel in Redis on every publish (and unsubscribes when the AsyncResult goes).
+            ignore_result=True,
         )
     except Exception:  # noqa: BLE001 - any broker failure leaves the job for the sweeper
         logger.warning(

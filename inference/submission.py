@@ -185,8 +185,9 @@ def accept(
         check_running_jobs(tenant, len(pending))
         now = timezone.now()
         with transaction.atomic():
-            for indexes in by_service.values():
-                _check_capacity(requests, indexes)
+            # Services in id order: two lists naming the same services lock them alike.
+            for service_pk in sorted(by_service):
+                _check_capacity(requests, by_service[service_pk])
             created = Job.objects.bulk_create(
                 _new_job(tenant, requests[i], now, idempotency_key) for i in pending
             )

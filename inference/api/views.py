@@ -19,6 +19,7 @@ from inference.api.serializers import (
     JobSubmitSerializer,
     JobSummarySerializer,
     ServiceSerializer,
+    accepted_job_body,
 )
 from inference.bulk import submit_bulk
 from inference.inputs import InputError, check_storable_text
@@ -136,7 +137,7 @@ class JobListCreateView(generics.ListAPIView):
         )
         replayed = getattr(job, "replayed", False)
         return Response(
-            JobAcceptedSerializer(job, context=context).data,
+            accepted_job_body(job, context["encoding_format"]),
             status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED,
         )
 
@@ -176,7 +177,7 @@ class JobListCreateView(generics.ListAPIView):
             raise InputError(first["field"], first["message"].split(": ", 1)[-1])
         jobs = accept(tenant, [r for _, r in valid], actor=requested_actor(request))
         for (i, _), job in zip(valid, jobs, strict=True):
-            results[i] = JobAcceptedSerializer(job, context=context).data
+            results[i] = accepted_job_body(job, context["encoding_format"])
         return Response(
             {"accepted": len(valid), "rejected": len(items) - len(valid), "jobs": results},
             status=status.HTTP_202_ACCEPTED,

@@ -5,11 +5,15 @@ Retry-After, the realtime reserve, idempotent retries, many jobs per request, an
 from __future__ import annotations
 
 import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 
+from inference.admission import AdmissionRefused
 from inference.models import AuditEvent, Job
+from inference.submission import submit_job
 
 pytestmark = pytest.mark.django_db
 
@@ -132,6 +136,39 @@ def test_a_list_that_does_not_fit_the_queue_is_refused_whole(api, make_service):
     response = submit(api, items)
     assert response.status_code == 503 and int(response["Retry-After"]) >= 1
     assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_submitters_never_overshoot_max_queue_size(make_tenant, make_service):
+    # 8 submitters at once, 40 batch jobs, room for 18 (max_queue_size 20 less the realtime
+    # reserve): each count must see every job committed before it, or the queue overfills.
+    service = make_service("embedding", max_queue_size=20)
+    tenant, _ = make_tenant()
+    start = threading.Barrier(8)
+
+    def submitter(k: int) -> list[int]:
+        codes = []
+        try:
+            start.wait()
+            for i in range(5):
+                try:
+                    submit_job(
+                        tenant=tenant,
+                        service_name="embedding",
+                        payload={"texts": [f"{k}-{i}"]},
+                        priority="batch",
+                    )
+                    codes.append(202)
+                except AdmissionRefused as exc:
+                    codes.append(exc.status_code)
+        finally:
+            connections.close_all()
+        return codes
+
+    with ThreadPoolExecutor(8) as pool:
+        codes = [code for codes in pool.map(submitter, range(8)) for code in codes]
+    assert (codes.count(202), codes.count(503)) == (18, 22)
+    assert Job.objects.filter(service=service).count() == 18
 
 
 @pytest.mark.django_db(transaction=True)

@@ -8,6 +8,7 @@ import struct
 import pytest
 from rest_framework.test import APIClient
 
+from inference.api.serializers import JobAcceptedSerializer
 from inference.models import Job, JobStatus
 from inference.submission import input_digest
 from inference.vectors import split_result
@@ -230,6 +231,38 @@ def test_cache_answers_identical_input_without_a_worker(api, make_service):
         format="json",
     ).json()
     assert answer["cached"] is True and answer["result"] == packed
+
+
+def test_the_202_body_is_the_documented_accepted_job(api, make_service, make_backend, make_route):
+    # The views write the answer without the serializer (its cost is paid on every POST); it
+    # must stay field for field what the schema documents, for every shape of answer.
+    service = make_service("embedding", enable_cache=True)
+    _stored_embedding(api.tenant, service, "seen", [[0.5, -0.25]])
+    routed = make_service("embedding", name="routed-embedding")
+    make_route(routed, (make_backend("local-embedding", kind="local"), 0))
+    answers = [
+        (submit(api, service="embedding", input={"texts": ["new"]}, priority="realtime"), "float"),
+        (submit(api, service="embedding", input={"texts": ["seen"]}), "float"),
+        (
+            api.post(
+                "/api/v1/jobs?encoding_format=base64",
+                {"service": "embedding", "input": {"texts": ["seen"]}},
+                format="json",
+            ),
+            "base64",
+        ),
+        (submit(api, service="routed-embedding", input={"texts": ["x"]}), "float"),
+    ]
+    for response, encoding_format in answers:
+        body = response.json()
+        job = Job.objects.select_related("service", "route__backend").get(pk=body["id"])
+        context = {"encoding_format": encoding_format}
+        assert body == JobAcceptedSerializer(job, context=context).data
+    assert [body["cached"] for body in (r.json() for r, _ in answers)] == [
+        False, True, True, False,
+    ]  # fmt: skip
+    assert answers[3][0].json()["backend"] == "local-embedding"
+    assert answers[3][0].json()["route_reason"]
 
 
 def test_a_row_stored_before_result_vectors_still_reads(api, make_service):
