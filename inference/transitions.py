@@ -217,11 +217,20 @@ def _claimed_jobs(model, rows: list[tuple], db: str) -> list[tuple[Job, int | No
     """(job, its route's backend id) pairs, the job's service and tenant attached as
     select_related would build them."""
     job_layout, service_layout, tenant_layout = _claim_layout(model)[1]
+    # The jobs of one claim share a few services and tenants: each is built once.
+    services: dict = {}
+    tenants: dict = {}
     jobs = []
     for row in rows:
         job = _from_row(db, row, job_layout)
-        job.service = _from_row(db, row, service_layout)
-        job.tenant = _from_row(db, row, tenant_layout)
+        service = services.get(job.service_id)
+        if service is None:
+            service = services[job.service_id] = _from_row(db, row, service_layout)
+        tenant = tenants.get(job.tenant_id)
+        if tenant is None:
+            tenant = tenants[job.tenant_id] = _from_row(db, row, tenant_layout)
+        job.service = service
+        job.tenant = tenant
         jobs.append((job, row[-1]))
     return jobs
 

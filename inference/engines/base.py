@@ -148,6 +148,11 @@ class Engine(abc.ABC):
     def count_tokens(self, payload: dict) -> int:
         """Tokens this job puts through the model (special tokens included, no padding)."""
 
+    def count_tokens_many(self, payloads: list[dict]) -> list[int]:
+        """count_tokens of each payload; engines with a tokenizer make it one call for all
+        (the worker sizes a whole claim at once, while the model runs the last batch)."""
+        return [self.count_tokens(payload) for payload in payloads]
+
     @abc.abstractmethod
     def run_batch(self, payloads: list[dict]) -> list[dict]:
         """Run the jobs together; one result per payload, in the same order."""

@@ -45,6 +45,11 @@ class EmbeddingEngine(Engine):
     def count_tokens(self, payload: dict) -> int:
         return sum(len(row["input_ids"]) for row in self._tokenize(list(payload["texts"])))
 
+    def count_tokens_many(self, payloads: list[dict]) -> list[int]:
+        texts = [text for payload in payloads for text in payload["texts"]]
+        lengths = iter(len(row["input_ids"]) for row in self._tokenize(texts))
+        return [sum(next(lengths) for _ in payload["texts"]) for payload in payloads]
+
     def run_batch(self, payloads: list[dict]) -> list[dict]:
         # Flatten every job's texts into one list of units so texts of similar length from
         # different jobs share a forward pass; owners maps a unit back to its job.

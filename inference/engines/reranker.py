@@ -46,6 +46,12 @@ class RerankerEngine(Engine):
         rows = self._tokenize_pairs([payload["query"]] * len(documents), documents)
         return sum(len(row["input_ids"]) for row in rows)
 
+    def count_tokens_many(self, payloads: list[dict]) -> list[int]:
+        queries = [payload["query"] for payload in payloads for _ in payload["documents"]]
+        documents = [document for payload in payloads for document in payload["documents"]]
+        lengths = iter(len(row["input_ids"]) for row in self._tokenize_pairs(queries, documents))
+        return [sum(next(lengths) for _ in payload["documents"]) for payload in payloads]
+
     def run_batch(self, payloads: list[dict]) -> list[dict]:
         # One unit per (query, document) pair across all jobs; owners maps units to jobs.
         queries: list[str] = []

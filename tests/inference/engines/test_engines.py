@@ -193,6 +193,16 @@ def test_embedding_count_tokens_matches_tokenizer(embedder):
     assert embedder.count_tokens({"texts": ["hello world"]}) == 4  # [CLS] hello world [SEP]
 
 
+def test_a_claim_sized_at_once_counts_each_job_as_alone(embedder, reranker, llm):
+    # The worker sizes a whole claim in one call; each job's count must not change with it.
+    embedding_jobs = [{"texts": ["hello world"]}, {"texts": ["a", "word " * 400, "b c"]}]
+    jobs_by_engine = [(embedder, embedding_jobs), (reranker, RERANK_JOBS)]
+    jobs_by_engine.append((llm, [{"prompt": "hi"}, {"prompt": "count to ten", "max_tokens": 9}]))
+    for engine, jobs in jobs_by_engine:
+        assert engine.count_tokens_many(jobs) == [engine.count_tokens(job) for job in jobs]
+    assert embedder.count_tokens_many([]) == []
+
+
 # --- reranker (tiny random cross-encoder) -----------------------------------------------------
 
 
