@@ -12,12 +12,15 @@ thread-sensitive mode needs) and that thread keeps its connection between reques
 threaded WSGI server's would. Requests on one lane take turns at that thread, never in the
 middle of one synchronous call, so a transaction never spans two requests.
 
-The middleware chain is the synchronous one a WSGI server runs, called in one hop onto the lane.
-Django's async chain adapts each middleware separately: MiddlewareMixin runs every
-process_request/process_response through sync_to_async, and a sync-only middleware switches
-back to the event loop with async_to_sync, so a REST request crossed between the loop and its
-lane thread a dozen times, each crossing a wake-up of both threads (measured: the web's CPU
-per single-job POST was more than the in-process test client's by about 2 ×).
+A request's synchronous work is one hop onto its lane: the request_started signal, building
+the request, the middleware chain (the synchronous one a WSGI server runs) and the view, and,
+for a response whose body is already in memory, its close (the request_finished signal). Each
+crossing between the event loop and a lane wakes both threads. Django's async chain adapts
+each middleware separately, so a REST request crossed a dozen times (the web's CPU per
+single-job POST was about 2 × the in-process test client's); its handler also crosses once
+per signal and watches for a disconnect in a task of its own, which a synchronous view cannot
+act on anyway. A streaming response (static files) is closed after its body is sent, as
+Django does it.
 """
 
 from __future__ import annotations
@@ -26,8 +29,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
-from django.core.handlers.asgi import ASGIHandler
-from django.http import HttpRequest, HttpResponseBase
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.http import FileResponse, HttpResponseBase
+from django.urls import set_script_prefix
 
 # Each lane holds at most one PostgreSQL connection while it lives.
 DEFAULT_LANES = int(os.environ.get("RENQ_WEB_LANES", "4"))
@@ -66,6 +72,32 @@ class LanedASGIHandler(ASGIHandler):
         finally:
             lane.in_flight -= 1
 
-    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
-        # Middleware, view and error logging in one call on the request's lane thread.
-        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+    async def handle(self, scope, receive, send) -> None:
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        try:
+            response = await sync_to_async(self.respond, thread_sensitive=True)(scope, body_file)
+            try:
+                # A client gone by now is uvicorn's to notice: sending to it does nothing.
+                await self.send_response(response, send)
+            finally:
+                if response.streaming:
+                    await sync_to_async(response.close, thread_sensitive=True)()
+        finally:
+            body_file.close()
+
+    def respond(self, scope, body_file) -> HttpResponseBase:
+        """On the request's lane: everything Django does synchronously for one request."""
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            response = self.get_response(request)
+            response._handler_class = self.__class__
+            if isinstance(response, FileResponse):
+                response.block_size = self.chunk_size
+        if not response.streaming:
+            response.close()  # its body stays readable; sends request_finished
+        return response

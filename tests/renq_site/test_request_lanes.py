@@ -5,12 +5,16 @@ long-lived threads per process that keep theirs."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
-from django.db import connection
+from django.core.signals import request_finished, request_started
+from django.db import connection, connections
 
+from renq_site.request_lanes import LanedASGIHandler
 from tests.renq_site.helpers import asgi_web_server, child_database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -56,3 +60,74 @@ def test_requests_reuse_a_bounded_set_of_connections(make_tenant, make_service):
     # lane, and the second 40 requests used the same backends (none forked for them).
     assert 1 <= len(first) <= LANES
     assert second == first
+
+
+def _asgi_get(handler, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, dict, bytes]:
+    """One GET through the ASGI handler in this process: (status, headers, body)."""
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": b"",
+        "headers": [(b"host", b"testserver"), *headers],
+        "client": ("127.0.0.1", 40000),
+        "server": ("testserver", 80),
+    }
+    pending = [{"type": "http.request", "body": b"", "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if pending:
+            return pending.pop()
+        await asyncio.Event().wait()  # the client stays connected
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    asyncio.run(handler(scope, receive, send))
+    headers = {name.lower(): value for name, value in sent[0]["headers"]}
+    return sent[0]["status"], headers, b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_a_request_is_one_hop_onto_its_lane_with_both_signals(make_tenant, make_service):
+    # Django's handler hops to the request thread for request_started, for the view and for
+    # request_finished; each hop wakes two threads, on every request.
+    from inference.models import Job
+
+    tenant, key = make_tenant("hops")
+    job = Job.objects.create(tenant=tenant, service=make_service("noop"), input={"texts": ["x"]})
+    handler = LanedASGIHandler(lanes=1)
+    lane = handler.lanes[0].executor
+    hops: list = []
+    submit = lane.submit
+    lane.submit = lambda fn, *args, **kwargs: hops.append(fn) or submit(fn, *args, **kwargs)
+    signals: list[str] = []
+
+    def started(**_kwargs) -> None:
+        signals.append("started")
+
+    def finished(**_kwargs) -> None:
+        signals.append("finished")
+
+    request_started.connect(started)
+    request_finished.connect(finished)
+    try:
+        auth = [(b"authorization", f"Bearer {key}".encode())]
+        status, _, body = _asgi_get(handler, f"/api/v1/jobs/{job.pk}", auth)
+        assert (status, json.loads(body)["id"]) == (200, str(job.pk))
+        assert (len(hops), signals) == (1, ["started", "finished"])
+        # A streamed body (a static file) is sent whole, with both signals.
+        signals.clear()
+        status, headers, body = _asgi_get(handler, "/static/admin/css/base.css", [])
+        assert status == 200 and len(body) == int(headers[b"content-length"]) > 0
+        assert signals == ["started", "finished"]
+    finally:
+        request_started.disconnect(started)
+        request_finished.disconnect(finished)
+        submit(connections.close_all).result()
+        lane.shutdown()
