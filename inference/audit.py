@@ -11,11 +11,12 @@ from django.db.models.signals import post_save
 from django.dispatch import receiver
 
 from inference.models import AuditEvent, AuditEventKind, Job
+from inference.row_writer import insert_new_rows
 
 
-def record_receipts(jobs: Sequence[Job], *, actor: str) -> None:
-    """One row per accepted job, in one INSERT."""
-    AuditEvent.objects.bulk_create(
+def receipts(jobs: Sequence[Job], *, actor: str) -> list[AuditEvent]:
+    """One row per accepted job, not saved yet (the submit path inserts them with the jobs)."""
+    return [
         AuditEvent(
             at=job.created_at,
             kind=AuditEventKind.RECEIVED,
@@ -25,7 +26,12 @@ def record_receipts(jobs: Sequence[Job], *, actor: str) -> None:
             detail={"service": job.service.name, "tier": job.tier},
         )
         for job in jobs
-    )
+    ]
+
+
+def record_receipts(jobs: Sequence[Job], *, actor: str) -> None:
+    """One row per accepted job, in one INSERT."""
+    insert_new_rows(receipts(jobs, actor=actor))
 
 
 def record_event(kind: str, *, job: Job | None = None, actor: str, detail: dict | None = None):

@@ -23,13 +23,14 @@ from inference.admission import (
     lock_and_check_queue_capacity,
     reserve_counters,
 )
-from inference.audit import record_event, record_receipts
+from inference.audit import receipts, record_event
 from inference.inputs import InputError, check_storable_text
 from inference.kinds import kind_of, validate_input
 from inference.lookups import active_service, forget_all
 from inference.models import Job, JobStatus, Service, Tenant
 from inference.placement import route_on_submit
 from inference.publishing import publish_many_on_commit
+from inference.row_writer import insert_new_rows
 from inference.tiers import Tier
 
 # An Idempotency-Key returns the job it first created for this long.
@@ -188,11 +189,10 @@ def accept(
             # Services in id order: two lists naming the same services lock them alike.
             for service_pk in sorted(by_service):
                 _check_capacity(requests, by_service[service_pk])
-            created = Job.objects.bulk_create(
-                _new_job(tenant, requests[i], now, idempotency_key) for i in pending
-            )
+            created = [_new_job(tenant, requests[i], now, idempotency_key) for i in pending]
+            # The jobs and their receipts in one round trip; routes (routed services) after.
+            insert_new_rows(created, receipts(created, actor=actor))
             route_on_submit(created)
-            record_receipts(created, actor=actor)
             # published_at is set at INSERT (no UPDATE per job after the confirm); a failed
             # publish clears it for the outbox.
             publish_many_on_commit(created, counted_on=True)

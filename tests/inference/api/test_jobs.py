@@ -9,7 +9,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from inference.api.serializers import JobAcceptedSerializer
-from inference.models import Job, JobStatus
+from inference.models import AuditEvent, Job, JobStatus
 from inference.submission import input_digest
 from inference.vectors import split_result
 
@@ -35,6 +35,37 @@ def test_submit_returns_202_with_the_queued_job(api, embedding):
     job = Job.objects.get(pk=body["id"])
     assert job.tenant == api.tenant
     assert job.message_priority == 2  # pro plan boost
+
+
+def test_a_submitted_job_and_its_receipt_are_stored_as_sent(api, embedding):
+    # The submit path writes its rows with its own INSERT (inference.row_writer).
+    texts = ["naïve café ✓", 'quote " and \\ backslash', "x" * 300]
+    response = api.post(
+        "/api/v1/jobs",
+        {
+            "service": "embedding",
+            "priority": "batch",
+            "deadline_ms": 60_000,
+            "input": {"texts": texts},
+        },
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="key-1",
+    )
+    assert response.status_code == 202, response.content
+    job = Job.objects.get(pk=response.json()["id"])
+    assert (job.input, job.tier, job.status, job.service, job.tenant) == (
+        {"texts": texts}, "batch", "queued", embedding, api.tenant,
+    )  # fmt: skip
+    assert job.idempotency_key == "key-1" and job.published_at == job.created_at
+    assert (job.deadline_at - job.created_at).total_seconds() == 60
+    (receipt,) = AuditEvent.objects.filter(kind="received")
+    assert (receipt.job_id, receipt.tenant_id, receipt.at) == (
+        job.pk,
+        api.tenant.pk,
+        job.created_at,
+    )
+    assert receipt.detail == {"service": "embedding", "tier": "batch"}
+    assert receipt.actor.startswith("api:")
 
 
 def test_priority_defaults_to_the_tenants_tier(make_tenant, embedding):

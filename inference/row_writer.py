@@ -1,0 +1,44 @@
+"""New rows of several models in one round trip: the submit path's INSERTs.
+
+`bulk_create` builds an InsertQuery and compiles it per call, and sends each model's rows
+separately; on a single-job POST that was a fifth of the web's CPU and two round trips. Here
+the statement comes from the models' own fields (a changed model changes it) and the values
+are prepared as the ORM prepares them for saving. No signals, as with bulk_create.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.db import connections
+from django.db.models import Model
+
+
+def insert_statement(rows: Sequence[Model], using: str = "default") -> tuple[str, list]:
+    """One multi-row INSERT of new instances of one model: every concrete field but a primary
+    key the database generates (AutoField)."""
+    connection = connections[using]
+    meta = type(rows[0])._meta
+    fields = [f for f in meta.concrete_fields if not (f.primary_key and f.db_returning)]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f.column) for f in fields)
+    row = f"({', '.join(['%s'] * len(fields))})"
+    sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES {', '.join([row] * len(rows))}"
+    params = [f.get_db_prep_save(f.pre_save(obj, True), connection) for obj in rows for f in fields]
+    return sql, params
+
+
+def insert_new_rows(*groups: Sequence[Model], using: str = "default") -> None:
+    """Insert each group (new instances of one model) in one execute: inside a transaction,
+    these rows and the transaction's other statements commit or roll back together."""
+    statements = [insert_statement(rows, using) for rows in groups if rows]
+    if not statements:
+        return
+    with connections[using].cursor() as cursor:
+        cursor.execute(
+            ";\n".join(sql for sql, _ in statements), [p for _, ps in statements for p in ps]
+        )
+    for rows in groups:
+        for obj in rows:
+            obj._state.adding = False
+            obj._state.db = using
