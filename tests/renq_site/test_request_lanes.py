@@ -94,6 +94,8 @@ def _asgi_get(handler, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[i
     return sent[0]["status"], headers, b"".join(m.get("body", b"") for m in sent[1:])
 
 
+# Django says so of every FileResponse it serves over ASGI (whitenoise's static files here too).
+@pytest.mark.filterwarnings("ignore:StreamingHttpResponse must consume synchronous iterators")
 def test_a_request_is_one_hop_onto_its_lane_with_both_signals(make_tenant, make_service):
     # Django's handler hops to the request thread for request_started, for the view and for
     # request_finished; each hop wakes two threads, on every request.
