@@ -1,8 +1,5 @@
 from __future__ import annotations
 
-from datetime import datetime
-
-from django.utils import timezone
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -167,6 +164,10 @@ class JobAcceptedSerializer(JobSerializer):
         ]
 
 
+# The serializer's own rendering of created_at, built once (DRF's ISO 8601, UTC as "Z").
+_CREATED_AT = serializers.DateTimeField()
+
+
 def accepted_job_body(job: Job, encoding_format: str = "float") -> dict:
     """JobAcceptedSerializer's output, field for field, without building a serializer: DRF
     builds a ModelSerializer's fields anew for every instance, a tenth of a single-job POST's
@@ -177,18 +178,12 @@ def accepted_job_body(job: Job, encoding_format: str = "float") -> dict:
         "service": job.service.name,
         "priority": str(job.tier),
         "status": str(job.status),
-        "created_at": _drf_datetime(job.created_at),
+        "created_at": _CREATED_AT.to_representation(job.created_at),
         "result": job.result_body(encoding_format),
         "cached": job.cached,
         "backend": route.backend.name if route else None,
         "route_reason": route.reason if route else None,
     }
-
-
-def _drf_datetime(value: datetime) -> str:
-    # DRF's ISO 8601 rendering: in the current time zone, UTC written as "Z".
-    text = timezone.localtime(value).isoformat()
-    return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
 class JobSummarySerializer(JobSerializer):

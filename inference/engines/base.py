@@ -116,6 +116,13 @@ def pad_token_rows(
     }
 
 
+def sum_per_job(unit_values: list[int], units_per_job: list[int]) -> list[int]:
+    """Per-unit values (texts, document pairs) summed back to the jobs they came from, in
+    order: job i owns the next units_per_job[i] units."""
+    values = iter(unit_values)
+    return [sum(next(values) for _ in range(units)) for units in units_per_job]
+
+
 class Engine(abc.ABC):
     """A loaded model that runs a list of job payloads together.
 

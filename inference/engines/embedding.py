@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel, AutoTokenizer
 
-from inference.engines.base import Engine, encoder_max_length, pad_token_rows
+from inference.engines.base import Engine, encoder_max_length, pad_token_rows, sum_per_job
 
 
 class EmbeddingEngine(Engine):
@@ -46,9 +46,9 @@ class EmbeddingEngine(Engine):
         return sum(len(row["input_ids"]) for row in self._tokenize(list(payload["texts"])))
 
     def count_tokens_many(self, payloads: list[dict]) -> list[int]:
-        texts = [text for payload in payloads for text in payload["texts"]]
-        lengths = iter(len(row["input_ids"]) for row in self._tokenize(texts))
-        return [sum(next(lengths) for _ in payload["texts"]) for payload in payloads]
+        rows = self._tokenize([text for payload in payloads for text in payload["texts"]])
+        lengths = [len(row["input_ids"]) for row in rows]
+        return sum_per_job(lengths, [len(payload["texts"]) for payload in payloads])
 
     def run_batch(self, payloads: list[dict]) -> list[dict]:
         # Flatten every job's texts into one list of units so texts of similar length from

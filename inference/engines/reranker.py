@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from inference.engines.base import Engine, encoder_max_length, pad_token_rows
+from inference.engines.base import Engine, encoder_max_length, pad_token_rows, sum_per_job
 
 
 class RerankerEngine(Engine):
@@ -49,8 +49,8 @@ class RerankerEngine(Engine):
     def count_tokens_many(self, payloads: list[dict]) -> list[int]:
         queries = [payload["query"] for payload in payloads for _ in payload["documents"]]
         documents = [document for payload in payloads for document in payload["documents"]]
-        lengths = iter(len(row["input_ids"]) for row in self._tokenize_pairs(queries, documents))
-        return [sum(next(lengths) for _ in payload["documents"]) for payload in payloads]
+        lengths = [len(row["input_ids"]) for row in self._tokenize_pairs(queries, documents)]
+        return sum_per_job(lengths, [len(payload["documents"]) for payload in payloads])
 
     def run_batch(self, payloads: list[dict]) -> list[dict]:
         # One unit per (query, document) pair across all jobs; owners maps units to jobs.
