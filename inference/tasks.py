@@ -23,6 +23,7 @@ from inference.bulk import fail_bulk, finish_bulk, retry_failed_piece
 from inference.config.tiers import tier_policies
 from inference.tiers import Tier
 from inference.workers.cloud import run_cloud_attempt
+from inference.workers.cpu_pinning import keep_off_model_cores
 from inference.workers.gpu import BatchRunner
 from inference.workers.sweeper import expire_overdue, promote_waiting_jobs, sweep_jobs
 from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool, message_job_ids
@@ -139,6 +140,7 @@ def _close_unusable_or_old_connections(**_kwargs) -> None:
 
 @worker_process_init.connect
 def _warm_worker_process(**_kwargs) -> None:
+    keep_off_model_cores()  # before this process starts its threads (they inherit it)
     warm_engines_for_consumed_queues()
 
 

@@ -136,8 +136,11 @@ RENQ_QUEUE_PREFIX = os.environ.get("RENQ_QUEUE_PREFIX", "")
 RENQ_REDIS_URL = os.environ.get("RENQ_REDIS_URL", "redis://127.0.0.1:6379/1")
 # A job whose worker died is retried this many times in all before it is failed (poison pill).
 RENQ_MAX_ATTEMPTS = int(os.environ.get("RENQ_MAX_ATTEMPTS", "3"))
-# Where the worker's model files live when a model_ref is relative.
+# The device forward passes run on, over a model's own `device` in config.yaml.
 RENQ_DEVICE = os.environ.get("RENQ_DEVICE") or None
+# CPU workers: cores reserved for the model's forward passes ("0", "0-3", "2,3"); the rest of
+# the worker keeps off them (inference.workers.cpu_pinning). Empty: no pinning.
+RENQ_MODEL_CPUS = os.environ.get("RENQ_MODEL_CPUS", "")
 # Largest request body accepted (413 above it); Django's own parser limit follows it.
 RENQ_MAX_REQUEST_BYTES = int(os.environ.get("RENQ_MAX_REQUEST_BYTES", str(4 * 1024 * 1024)))
 DATA_UPLOAD_MAX_MEMORY_SIZE = RENQ_MAX_REQUEST_BYTES

@@ -56,6 +56,7 @@ from inference.streaming import TextRelay
 from inference.tiers import Tier
 from inference.transitions import Claim, Outcome
 from inference.workers import worker_identity
+from inference.workers.cpu_pinning import pin_model_thread
 from inference.workers.tier_reader import (
     BROKER_ERRORS,
     DEFAULT_WEIGHTS,
@@ -166,7 +167,9 @@ class BatchRunner:
     def __init__(self, readers: ReaderPool):
         self._readers = readers
         # One thread runs forward passes, one at a time; the task's thread feeds it.
-        self._model_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="forward")
+        self._model_thread = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="forward", initializer=pin_model_thread
+        )
 
     def run(
         self, seed_job_ids: list[str], *, seed_redelivered: bool, seed_tier: str | None
