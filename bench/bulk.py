@@ -12,16 +12,23 @@ import time
 
 import requests
 
-from bench.common import embedding_service, run_nonce, short_texts, wait_finished
+from bench.common import (
+    embedding_service,
+    on_model_cores,
+    run_nonce,
+    short_texts,
+    wait_finished,
+)
 
 SERVICE = "bench-embedding"
 
 
 def raw_rate(engine, texts: list[str], batch: int) -> tuple[int, float]:
-    started = time.perf_counter()
-    for i in range(0, len(texts), batch):
-        engine.run_batch([{"texts": texts[i : i + batch], "normalize": True}])
-    return len(texts), time.perf_counter() - started
+    with on_model_cores():
+        started = time.perf_counter()
+        for i in range(0, len(texts), batch):
+            engine.run_batch([{"texts": texts[i : i + batch], "normalize": True}])
+        return len(texts), time.perf_counter() - started
 
 
 def run(url: str, key: str, engine, *, quick: bool) -> dict:

@@ -248,8 +248,8 @@ def what_is_left(r: dict, rows) -> list[str]:
             f"drains {_f(drain['throughput_jobs_s'])} jobs/s, e2e over REST "
             f"{_f(e2e['throughput_jobs_s'])} jobs/s with REST submissions alone at "
             f"{_f(e2e['rest_submissions_s'])}/s from {CLIENTS} clients on one web process: the "
-            "e2e figure is bounded by the slower of the two, and both share the machine's second "
-            "core with Postgres and RabbitMQ."
+            "e2e figure is bounded by the slower of the two, and both share the cores the model "
+            "does not have with Postgres and RabbitMQ."
         )
     bulk = r.get("bulk")
     if bulk and any("bulk" in m for m in missed):
@@ -316,7 +316,15 @@ def write_report(r: dict, out: Path) -> None:
         "# renq bench results",
         "",
         f"Machine: {m['cpus']} CPUs (shared), torch {m['torch']}, device {m['device']}, model "
-        f"threads {m['model_threads']} (raw and renq alike), {m['date']}; load average "
+        f"threads {m['model_threads']} (raw and renq alike)"
+        + (
+            f", the model pinned to CPU(s) {m['model_cpus']} (raw and renq's forward passes "
+            f"alike; `RENQ_MODEL_CPUS`) and the bench's clients, web and workers to "
+            f"{m['stack_cpus']}"
+            if m.get("model_cpus")
+            else ""
+        )
+        + f", {m['date']}; load average "
         f"{_f(m['load_average_at_start'][0], 2)} at the start, "
         f"{_f(m.get('load_average_at_end', [float('nan')])[0], 2)} at the end. Produced by "
         f"`make bench` in {_f(m.get('bench_seconds', float('nan')), 0)} s"
@@ -386,14 +394,16 @@ def _throughput_section(r: dict) -> list[str]:
             f"clients) | {e2e['throughput_jobs_s']:.1f} | {e2e['throughput_jobs_s'] / base:.2f} × "
             f"raw batched, {e2e['throughput_jobs_s'] / plain['throughput_jobs_s']:.2f} × plain "
             "Celery |",
-            f"| renq worker drain: same jobs published straight to RabbitMQ, as plain Celery's "
-            f"({drain['jobs']} jobs) | {drain['throughput_jobs_s']:.1f} | "
+            f"| renq worker drain: same jobs queued in RabbitMQ first, as plain Celery's, then "
+            f"one worker ({drain['jobs']} jobs; first claim → last finish) | "
+            f"{drain['throughput_jobs_s']:.1f} | "
             f"{drain['throughput_jobs_s'] / base:.2f} × raw batched, "
             f"{drain['throughput_jobs_s'] / plain['throughput_jobs_s']:.2f} × plain Celery |",
             f"| REST submissions alone (POST → 202, {CLIENTS} clients, 1 web process) | "
             f"{e2e['rest_submissions_s']:.1f} | {e2e['rest_submissions_s'] / base:.2f} × raw "
             "batched |",
-            f"| plain Celery, one task per job, no batching ({plain['jobs']} jobs) | "
+            f"| plain Celery, one task per job, no batching ({plain['jobs']} jobs queued, then "
+            "one worker) | "
             f"{plain['throughput_jobs_s']:.1f} | {plain['throughput_jobs_s'] / base:.2f} × raw "
             "batched |",
             "",
@@ -617,11 +627,13 @@ def _priority_section(pr: dict) -> list[str]:
         ),
         (
             "completions by tier queue served (api:batch:offline), while all three had work",
-            lambda x: ":".join(
-                str(x["completions_by_served_queue"][t]["completed"])
-                for t in ("api", "batch", "offline")
-            )
-            + f" (over {x.get('share_measured_s', '?')} s)",
+            lambda x: (
+                ":".join(
+                    str(x["completions_by_served_queue"][t]["completed"])
+                    for t in ("api", "batch", "offline")
+                )
+                + f" (over {x.get('share_measured_s', '?')} s)"
+            ),
         ),
         ("completions by own tier", lambda x: str(x["completions_by_own_tier"])),
         (

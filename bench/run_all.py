@@ -189,18 +189,21 @@ class Bench:
         jobs = self.wait_all(ids)
         return jobs, _span(jobs, t0), submitted_s
 
-    def drain(self, texts: list[str]) -> tuple[list[Job], float]:
-        """The same jobs published straight to RabbitMQ, as the plain Celery run gets them:
-        the worker path (claim, tier pull, batch, store) without the web tier."""
+    def drain(self, texts: list[str], start_worker) -> tuple[list[Job], float]:
+        """The worker alone: the same jobs as plain Celery's, published straight to RabbitMQ
+        while no worker consumes, then drained by one started after (`start_worker`): the
+        worker path (claim, tier pull, batch, store) without the web tier or a publisher
+        beside it. Span: its first claim to its last finish."""
         rows = Job.objects.bulk_create(
             Job(tenant=self.tenant, service=self.service, tier="api", input={"texts": [t]})
             for t in texts
         )
-        t0 = time.time()
         for job in rows:
             publish(job)
+        start_worker()
         jobs = self.wait_all([str(j.pk) for j in rows])
-        return jobs, _span(jobs, t0)
+        first_claim = min(j.claimed_at.timestamp() for j in jobs if j.claimed_at)
+        return jobs, _span(jobs, first_claim)
 
     def open_loop(self, texts: list[str], rate: float) -> tuple[list[Job], float]:
         """Submit at a fixed offered rate (jobs/s) from CLIENTS threads."""
@@ -319,9 +322,10 @@ def setup_rows() -> tuple[Service, Tenant, str]:
 
 def scenario_inprocess(results: dict, engine, quick: bool) -> None:
     print("== in-process: raw model vs batch former (no broker)", flush=True)
-    results["raw"] = bench_raw(engine, short_texts(128 if quick else 256, seed=3), 32)
-    print(results["raw"], flush=True)
-    results["padding"] = bench_padding(engine, mixed_texts(64 if quick else 128), 32)
+    with common.on_model_cores():
+        results["raw"] = bench_raw(engine, short_texts(128 if quick else 256, seed=3), 32)
+        print(results["raw"], flush=True)
+        results["padding"] = bench_padding(engine, mixed_texts(64 if quick else 128), 32)
     print(results["padding"], flush=True)
 
 
@@ -337,35 +341,42 @@ def scenario_e2e(results: dict, n_jobs: int, quick: bool) -> None:
 
         n_plain = max(100, n_jobs // 2)
         print(f"== plain Celery: one task per job, no batching ({n_plain} jobs)", flush=True)
+        rows = Job.objects.bulk_create(
+            Job(tenant=tenant, service=service, tier="api", input={"texts": [t]})
+            for t in texts[:n_plain]
+        )
+        # As the drain below: published first, then one worker drains them alone.
+        for job in rows:
+            app.send_task("bench.plain_embed", args=[str(job.pk)], queue="bench.plain")
         procs.worker(
             "bench-plain",
             ["bench.plain"],
             threads=MODEL_THREADS,
             extra=["-I", "bench.plain_tasks"],
         )
-        rows = Job.objects.bulk_create(
-            Job(tenant=tenant, service=service, tier="api", input={"texts": [t]})
-            for t in texts[:n_plain]
-        )
-        t0 = time.time()
-        for job in rows:
-            app.send_task("bench.plain_embed", args=[str(job.pk)], queue="bench.plain")
         plain_jobs = bench.wait_all([str(j.pk) for j in rows])
-        results["plain_celery"] = latency_stats(plain_jobs, _span(plain_jobs, t0))
+        first_start = min(j.started_at.timestamp() for j in plain_jobs if j.started_at)
+        results["plain_celery"] = latency_stats(plain_jobs, _span(plain_jobs, first_start))
         print(results["plain_celery"], flush=True)
         procs.stop_one("bench-plain")
 
-        procs.worker(
-            "bench-renq",
-            service_queues(SERVICE) + service_queues(IDLE_SERVICE),
-            threads=MODEL_THREADS,
-        )
+        def start_renq_worker() -> None:
+            procs.worker(
+                "bench-renq",
+                service_queues(SERVICE) + service_queues(IDLE_SERVICE),
+                threads=MODEL_THREADS,
+            )
+
+        start_renq_worker()
         print(f"== renq idle latency (realtime, sequential, {IDLE_SERVICE})", flush=True)
         results["idle"] = bench.idle_latency(30 if quick else 100)
         print(results["idle"], flush=True)
 
-        print(f"== renq worker drain: {n_jobs} jobs published straight to RabbitMQ", flush=True)
-        jobs, span = bench.drain(short_texts(n_jobs, seed=5))
+        print(
+            f"== renq worker drain: {n_jobs} jobs queued in RabbitMQ, then one worker", flush=True
+        )
+        procs.stop_one("bench-renq")
+        jobs, span = bench.drain(short_texts(n_jobs, seed=5), start_renq_worker)
         results["renq_drain"] = latency_stats(jobs, span)
         print(results["renq_drain"], flush=True)
 
@@ -476,6 +487,7 @@ def main() -> int:
     common.ensure_database()
     common.clear_jobs()
     torch.set_num_threads(MODEL_THREADS)
+    common.keep_to_stack_cores()
     results: dict = {
         "machine": {
             "cpus": os.cpu_count(),
@@ -483,6 +495,8 @@ def main() -> int:
             "torch": torch.__version__,
             "device": "cpu",
             "model_threads": MODEL_THREADS,
+            "model_cpus": sorted(common.MODEL_CPUS),
+            "stack_cpus": sorted(common.STACK_CPUS),
             "date": timezone.now().isoformat(),
             "load_average_at_start": os.getloadavg(),
             "sweep_interval_s": settings.RENQ_SWEEP_INTERVAL_S,
