@@ -17,7 +17,7 @@ import redis
 from celery import shared_task
 from celery.exceptions import Reject
 from celery.signals import task_prerun, worker_process_init, worker_process_shutdown
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, close_old_connections
 
 from inference.bulk import fail_bulk, finish_bulk, retry_failed_piece
 from inference.config.tiers import tier_policies
@@ -29,6 +29,7 @@ from inference.workers.sweeper import expire_overdue, promote_waiting_jobs, swee
 from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool, message_job_ids
 from inference.workers.warmup import warm_engines_for_consumed_queues
 from renq_site.celery import app
+from renq_site.db_sessions import close_old_connections_checked_once_a_second
 
 logger = logging.getLogger(__name__)
 
@@ -115,27 +116,11 @@ def promote() -> int:
     return promote_waiting_jobs()
 
 
-# A kept session is health-checked (Django's CONN_HEALTH_CHECKS: a SELECT 1 before the
-# task's first query) at most this often. At idle every task is one realtime job and the
-# check was a round trip on its path. A session that broke since fails its task's first
-# query instead: that message goes back to its queue and the next task opens a new session.
-SESSION_CHECK_INTERVAL_S = 1.0
-
-
 @task_prerun.connect
 def _close_unusable_or_old_connections(**_kwargs) -> None:
     """A task is a request boundary: a Postgres session past CONN_MAX_AGE or broken (e.g. by
     a database restart) is closed and the task opens a fresh one; others are reused."""
-    close_old_connections()
-    now = time.monotonic()
-    for conn in connections.all(initialized_only=True):
-        if conn.connection is None or conn.health_check_done:
-            continue  # closed (the next query connects afresh) or checked just now
-        session, checked_at = getattr(conn, "renq_checked", (None, 0.0))
-        if session is conn.connection and now - checked_at < SESSION_CHECK_INTERVAL_S:
-            conn.health_check_done = True
-        else:
-            conn.renq_checked = (conn.connection, now)  # the task's first query checks it
+    close_old_connections_checked_once_a_second()
 
 
 @worker_process_init.connect

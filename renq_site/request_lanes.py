@@ -35,6 +35,8 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.http import FileResponse, HttpResponseBase
 from django.urls import set_script_prefix
 
+import renq_site.db_sessions  # noqa: F401 - kept sessions checked at most once a second
+
 # Each lane holds at most one PostgreSQL connection while it lives.
 DEFAULT_LANES = int(os.environ.get("RENQ_WEB_LANES", "4"))
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import ParamSpec, TypeVar
 
-from django.db import close_old_connections
+from renq_site.db_sessions import close_old_connections_checked_once_a_second
 
 # Each thread holds at most one Postgres connection (max_connections is 100 by default).
 DB_THREADS = int(os.environ.get("RENQ_FRONT_DOOR_DB_THREADS", "8"))
@@ -28,7 +28,7 @@ _pool = ThreadPoolExecutor(max_workers=DB_THREADS, thread_name_prefix="renq-v1-d
 def _run(fn: Callable[..., T], args: tuple, kwargs: dict) -> T:
     # What Django does around each request: drop a connection that broke or outlived
     # CONN_MAX_AGE, so a Postgres restart costs one reconnect, not a dead thread.
-    close_old_connections()
+    close_old_connections_checked_once_a_second()
     return fn(*args, **kwargs)
 
 

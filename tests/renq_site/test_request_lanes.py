@@ -133,3 +133,39 @@ def test_a_request_is_one_hop_onto_its_lane_with_both_signals(make_tenant, make_
         request_finished.disconnect(finished)
         submit(connections.close_all).result()
         lane.shutdown()
+
+
+def test_a_lane_health_checks_its_kept_session_at_most_once_a_second(
+    make_tenant, make_service, monkeypatch
+):
+    # Django's CONN_HEALTH_CHECKS is a SELECT 1 round trip before every request's first query:
+    # under load, one round trip in five of a single-job POST.
+    from inference.models import Job
+
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 60)
+    monkeypatch.setitem(connection.settings_dict, "CONN_HEALTH_CHECKS", True)
+    tenant, key = make_tenant("checks")
+    job = Job.objects.create(tenant=tenant, service=make_service("noop"), input={"texts": ["x"]})
+    handler = LanedASGIHandler(lanes=1)
+    lane = handler.lanes[0].executor
+    lane_db = lane.submit(lambda: connections["default"]).result()
+    checks: list[int] = []
+    is_usable = lane_db.is_usable
+    lane_db.is_usable = lambda: checks.append(1) or is_usable()
+    auth = [(b"authorization", f"Bearer {key}".encode())]
+
+    def get() -> int:
+        return _asgi_get(handler, f"/api/v1/jobs/{job.pk}", auth)[0]
+
+    try:
+        # The first request opens the session; the second checks it; the next three trust it.
+        assert [get() for _ in range(5)] == [200] * 5
+        assert len(checks) == 1
+        session, checked_at = lane_db.renq_checked
+        lane_db.renq_checked = (session, checked_at - 1.5)  # as if checked 1.5 s ago
+        assert get() == 200
+        assert len(checks) == 2
+        assert lane_db.connection is session  # the same session throughout
+    finally:
+        lane.submit(connections.close_all).result()
+        lane.shutdown()
