@@ -487,7 +487,6 @@ def main() -> int:
     common.ensure_database()
     common.clear_jobs()
     torch.set_num_threads(MODEL_THREADS)
-    common.keep_to_stack_cores()
     results: dict = {
         "machine": {
             "cpus": os.cpu_count(),
@@ -510,12 +509,13 @@ def main() -> int:
     if which & {"inprocess", "bulk", "result_bytes"}:
         engine = load_engine("embedding", MODEL_REF, device="cpu")
         engine.run_batch([{"texts": ["warm up"]}])
-    if "inprocess" in which:
-        scenario_inprocess(results, engine, args.quick)
-    if "e2e" in which:
-        scenario_e2e(results, n_jobs, args.quick)
-    if "pools" in which:
-        scenario_pools(results, args.quick)
+    with common.model_on_its_own_cores():
+        if "inprocess" in which:
+            scenario_inprocess(results, engine, args.quick)
+        if "e2e" in which:
+            scenario_e2e(results, n_jobs, args.quick)
+        if "pools" in which:
+            scenario_pools(results, args.quick)
     if "noop" in which:
         results["noop"] = noop_throughput.run(quick=args.quick)
     if "profile" in which:
@@ -525,7 +525,8 @@ def main() -> int:
         )
         print(results["submit_profile"], flush=True)
     if which & {"bulk", "priority"}:
-        scenario_bulk_priority(results, engine, which, args.quick)
+        with common.model_on_its_own_cores():
+            scenario_bulk_priority(results, engine, which, args.quick)
     if "result_bytes" in which:
         results["result_bytes"] = result_bytes.run(engine)
         print(result_bytes.report(results["result_bytes"]), flush=True)
