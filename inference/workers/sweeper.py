@@ -108,22 +108,29 @@ def promote_waiting_jobs(now=None) -> int:
     after the next tier's threshold. The copy left in the old queue is dropped at claim.
     Every due job moves in one run (run every RENQ_AGING_INTERVAL_S): a backlog submitted at
     once comes due at once, and promoting 1,000 a run left P3 jobs 18 s past their bound.
-    Returns -1 when another run holds the promotion lock."""
+    Returns -1 when another run holds the promotion lock.
+
+    The lock covers the moves only: publishing, a confirm per message, took the bench's control
+    worker up to 1.5 s for a second's worth of a due backlog (~2,000 jobs), and a lock held
+    through it made the next run skip, so the jobs due meanwhile waited a second past their
+    bound. Moves still take turns under the lock, so no job is moved twice; a job two runs
+    both publish (moved up twice in quick succession) gets a second message, dropped at claim."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [_PROMOTION_LOCK_KEY])
         if not cursor.fetchone()[0]:
             return -1
     try:
-        return _promote_due_jobs(now or timezone.now())
+        moved = _move_due_jobs(now or timezone.now())
     finally:
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_unlock(%s)", [_PROMOTION_LOCK_KEY])
+    return _publish_moved(moved)
 
 
-def _promote_due_jobs(now) -> int:
-    # Every move is written first (one UPDATE per chunk), then the messages are published:
-    # publishing, one confirm per message, took 0.4-0.6 s for 600 jobs under the bench's
-    # backlog, and moving the next tier's jobs only after it made them that much later.
+def _move_due_jobs(now) -> list:
+    """Every due job moved up a tier (one UPDATE per chunk), oldest first per tier; their ids.
+    All are moved before any is published: moving the next tier's jobs only after the
+    publishes made them that much later."""
     policies = tier_policies()
     moved: dict = {}  # job id -> None, in the order moved (oldest first per tier)
     for own in TIER_ORDER:
@@ -154,8 +161,11 @@ def _promote_due_jobs(now) -> int:
                 if len(ids) < PROMOTION_CHUNK:
                     break
             current = up
+    return list(moved)
+
+
+def _publish_moved(ids: list) -> int:
     promoted = 0
-    ids = list(moved)
     for first in range(0, len(ids), PROMOTION_CHUNK):
         # Still queued: a worker may have claimed some from their old queue meanwhile. Each
         # goes to the queue of the tier it was moved to last.

@@ -337,3 +337,56 @@ def test_jobs_claimed_together_run_at_their_tiers_turn_not_back_to_back(
     assert longest["batch"] <= 2 and longest["offline"] <= 2, (longest, ran)
     windows = [ran[i : i + 10] for i in range(len(ran) - 9)]
     assert all({"api", "batch", "offline"} <= set(w) for w in windows), ran
+
+
+def test_a_run_still_publishing_does_not_hold_back_the_next_runs_moves(
+    make_tenant, make_service, monkeypatch
+):
+    # Publishing a second's worth of a due backlog, a confirm per message, took the bench's
+    # control worker up to 1.5 s; a lock held through it made the next run skip, and the jobs
+    # due meanwhile waited a second past their aging bound.
+    import threading
+
+    from django.db import connection
+
+    from inference.workers import sweeper
+
+    service = _offline_jobs_due_for_aging(make_tenant, make_service, "aging-publishing", 3)
+    publishing, release = threading.Event(), threading.Event()
+    publish_many = sweeper.publish_many
+
+    def first_publish_is_slow(jobs):
+        if not publishing.is_set():
+            publishing.set()
+            release.wait(10)
+        return publish_many(jobs)
+
+    monkeypatch.setattr(sweeper, "publish_many", first_publish_is_slow)
+    first: list[int] = []
+
+    def first_run() -> None:
+        try:
+            first.append(promote_waiting_jobs())
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=first_run)
+    thread.start()
+    try:
+        assert publishing.wait(10)
+        # Two more come due while the first run publishes: the next run moves them at once.
+        tenant = Job.objects.filter(service=service).first().tenant
+        due_now = timezone.now() - timezone.timedelta(seconds=5)
+        Job.objects.bulk_create(
+            Job(tenant=tenant, service=service, tier="offline", input={"texts": [f"late {i}"]},
+                created_at=due_now)
+            for i in range(2)
+        )  # fmt: skip
+        assert promote_waiting_jobs() == 2
+    finally:
+        release.set()
+        thread.join(10)
+    assert first == [3]
+    assert set(Job.objects.filter(service=service).values_list("serving_tier", flat=True)) == {
+        "batch"
+    }
