@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 
-from django.core.signals import request_started
 from django.db import close_old_connections, connections
 
 SESSION_CHECK_INTERVAL_S = 1.0
@@ -38,11 +37,3 @@ def close_old_connections_checked_once_a_second() -> None:
     CONN_MAX_AGE), with the health check of kept sessions at most once a second."""
     close_old_connections()
     trust_recently_checked_sessions()
-
-
-def _at_request_start(**_kwargs) -> None:
-    # Django's own close_old_connections receiver was connected first, so it has run.
-    trust_recently_checked_sessions()
-
-
-request_started.connect(_at_request_start, dispatch_uid="renq-trust-recently-checked-sessions")

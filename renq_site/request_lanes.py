@@ -35,7 +35,7 @@ from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.http import FileResponse, HttpResponseBase
 from django.urls import set_script_prefix
 
-import renq_site.db_sessions  # noqa: F401 - kept sessions checked at most once a second
+from renq_site.db_sessions import trust_recently_checked_sessions
 
 # Each lane holds at most one PostgreSQL connection while it lives.
 DEFAULT_LANES = int(os.environ.get("RENQ_WEB_LANES", "4"))
@@ -94,6 +94,9 @@ class LanedASGIHandler(ASGIHandler):
         """On the request's lane: everything Django does synchronously for one request."""
         set_script_prefix(get_script_prefix(scope))
         signals.request_started.send(sender=self.__class__, scope=scope)
+        # After Django's close_old_connections receiver (explicit: receivers run in the order
+        # they were connected, which Django's test client changes).
+        trust_recently_checked_sessions()
         request, response = self.create_request(scope, body_file)
         if request is not None:
             response = self.get_response(request)
