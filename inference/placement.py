@@ -215,24 +215,18 @@ def record_local_throughput(outcomes: Sequence[Outcome]) -> None:
 def settle_local_outcomes(
     token: uuid.UUID,
     outcomes: Sequence[Outcome],
-    route_backend_ids: Mapping[uuid.UUID, int] | None = None,
+    route_backend_ids: Mapping[uuid.UUID, int],
 ) -> list[Outcome]:
     """After a GPU batch, once per claim token, before storing outcomes.
 
     For jobs that went through a route, records their local attempts in one query and hands
     failed ones to the next fallback. Returns the outcomes the worker must still store: all
     of them for unrouted jobs, none for jobs handed on, and for routed jobs whose cascade
-    ended, a failure listing every reason. `route_backend_ids` (job id → backend id, what the
-    claim read) spares reading the routes again; without it they are read here.
+    ended, a failure listing every reason. `route_backend_ids`: job id → the backend its
+    route chose, as the claim read it (unrouted jobs are not in it).
     """
     if not outcomes:
         return []
-    if route_backend_ids is None:
-        route_backend_ids = dict(
-            JobRoute.objects.filter(job_id__in=[o.job.pk for o in outcomes]).values_list(
-                "job_id", "backend_id"
-            )
-        )
     mine = {
         o.job.pk: route_backend_ids[o.job.pk] for o in outcomes if o.job.pk in route_backend_ids
     }
@@ -285,10 +279,11 @@ def fail_over_local_error(token: uuid.UUID, job: Job, exc: Exception) -> bool:
     """The local backend could not even start on `job` (e.g. its model failed to load).
     Returns False for an unrouted job (the caller keeps its old behaviour); otherwise the job
     was handed on or failed with every reason."""
-    if not JobRoute.objects.filter(job=job).exists():
+    route_backend_ids = dict(JobRoute.objects.filter(job=job).values_list("job_id", "backend_id"))
+    if not route_backend_ids:
         return False
     outcomes = settle_local_outcomes(
-        token, [Outcome(job=job, error=f"{type(exc).__name__}: {exc}")]
+        token, [Outcome(job=job, error=f"{type(exc).__name__}: {exc}")], route_backend_ids
     )
     if outcomes:
         Job.objects.store_outcomes(token, outcomes)

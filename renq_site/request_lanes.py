@@ -55,7 +55,7 @@ class RequestLane:
 class LanedASGIHandler(ASGIHandler):
     def __init__(self, lanes: int = DEFAULT_LANES) -> None:
         super().__init__()
-        # The synchronous chain (ASGIHandler built the async one), run by get_response_async.
+        # The synchronous chain (ASGIHandler built the async one), run on a lane by respond.
         self.load_middleware(is_async=False)
         if lanes < 1:
             raise ValueError(f"RENQ_WEB_LANES must be at least 1, not {lanes}.")

@@ -17,12 +17,17 @@ JSON = "application/json"
 
 class PlainAcceptNegotiation(DefaultContentNegotiation):
     def select_renderer(self, request, renderers, format_suffix=None):
+        return self._plain_choice(request, renderers, format_suffix) or super().select_renderer(
+            request, renderers, format_suffix
+        )
+
+    def _plain_choice(self, request, renderers, format_suffix) -> tuple | None:
+        """DRF's answer for a plain Accept header, or None to let DRF negotiate."""
         accept = request.META.get("HTTP_ACCEPT", "")
-        if renderers and format_suffix is None and (accept in ANY or accept == JSON):
-            if self.settings.URL_FORMAT_OVERRIDE not in request.query_params:
-                if accept in ANY:
-                    return renderers[0], renderers[0].media_type
-                for renderer in renderers:
-                    if renderer.media_type == JSON:
-                        return renderer, JSON
-        return super().select_renderer(request, renderers, format_suffix)
+        if not renderers or format_suffix is not None or accept not in (*ANY, JSON):
+            return None
+        if self.settings.URL_FORMAT_OVERRIDE in request.query_params:
+            return None
+        if accept in ANY:
+            return renderers[0], renderers[0].media_type
+        return next(((r, JSON) for r in renderers if r.media_type == JSON), None)
