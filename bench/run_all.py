@@ -24,6 +24,7 @@ Usage: python bench/run_all.py [--jobs 600] [--quick] [--only noop,priority] [--
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -475,6 +476,12 @@ def main() -> int:
         default=common.RESULTS,
         help="where README.md, results.json and the plots go (default bench/results)",
     )
+    parser.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="leave the model's cores shared with the rest of the stack (no RENQ_MODEL_CPUS), "
+        "to compare with the default pinned run",
+    )
     args = parser.parse_args()
     which = {s.strip() for s in args.only.split(",") if s.strip()}
     unknown = which - set(SCENARIOS)
@@ -494,7 +501,7 @@ def main() -> int:
             "torch": torch.__version__,
             "device": "cpu",
             "model_threads": MODEL_THREADS,
-            "model_cpus": sorted(common.MODEL_CPUS),
+            "model_cpus": [] if args.unpinned else sorted(common.MODEL_CPUS),
             "stack_cpus": sorted(common.STACK_CPUS),
             "date": timezone.now().isoformat(),
             "load_average_at_start": os.getloadavg(),
@@ -509,7 +516,8 @@ def main() -> int:
     if which & {"inprocess", "bulk", "result_bytes"}:
         engine = load_engine("embedding", MODEL_REF, device="cpu")
         engine.run_batch([{"texts": ["warm up"]}])
-    with common.model_on_its_own_cores():
+    pinning = contextlib.nullcontext() if args.unpinned else common.model_on_its_own_cores()
+    with pinning:
         if "inprocess" in which:
             scenario_inprocess(results, engine, args.quick)
         if "e2e" in which:
