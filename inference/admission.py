@@ -7,9 +7,10 @@ or refused whole):
   `monthly_token_budget`: Redis counters shared by every web process, reserved atomically and
   given back when the request is refused further on (429);
 - the tenant's `max_running_jobs` (queued + running), counted in Postgres (429);
-- the service's `max_queue_size`: counted and inserted under one per-service advisory lock, so
-  concurrent submitters cannot overshoot it; the last `P0_RESERVED_FRACTION` of the queue is
-  kept for realtime jobs, which are refused only when the queue is truly full (503).
+- the service's `max_queue_size`: counted and inserted under one per-service advisory lock, in
+  one round trip with the INSERTs, so concurrent submitters cannot overshoot it; the last
+  `P0_RESERVED_FRACTION` of the queue is kept for realtime jobs, which are refused only when
+  the queue is truly full (503).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
-from django.db import connection
+from django.db import DatabaseError
 
 from inference.models import Job, JobStatus, Service, Tenant
 from inference.tiers import Tier
@@ -30,6 +31,8 @@ from renq_site.shared_redis import shared_redis
 P0_RESERVED_FRACTION = 0.1
 # Advisory-lock namespace for the per-service queue-capacity check.
 _CAPACITY_LOCK_SPACE = 7_301
+# The SQLSTATE renq_admit_to_queue raises when a request's jobs do not fit the queue.
+QUEUE_FULL_SQLSTATE = "RQ503"
 
 
 @dataclass
@@ -150,30 +153,53 @@ def check_running_jobs(tenant: Tenant, jobs: int) -> None:
         )
 
 
-def lock_and_check_queue_capacity(service: Service, tier: str, jobs: int) -> None:
-    """Inside the submitting transaction: take the service's advisory lock (released at commit),
-    then count, in one round trip (the `renq_lock_queued_depth` function, migration 0009).
-    Concurrent submitters are serialized for one count, so none overshoots."""
-    limit = service.max_queue_size
-    if not limit:
-        return
-    # Non-realtime work may use the queue up to the reserved margin; realtime the whole of it.
-    allowed = limit if tier == Tier.REALTIME else limit - int(limit * P0_RESERVED_FRACTION)
-    # Counting stops at the limit: the check costs the same with 10 or 10^6 jobs queued.
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT renq_lock_queued_depth(%s, %s, %s)", [_CAPACITY_LOCK_SPACE, service.pk, limit]
+@dataclass(frozen=True)
+class QueueCapacityCheck:
+    """The service's max_queue_size check as a statement of the submitting transaction, sent
+    in the same round trip as its INSERTs: it takes the service's advisory lock (held until
+    commit, so concurrent submitters are serialized for one count and none overshoots),
+    counts, and aborts the transaction when the jobs do not fit (`renq_admit_to_queue`,
+    migration 0011). The lock is held for the server's own work only, never across a round
+    trip to the web process (under load, lock waits were most of a POST's latency)."""
+
+    service: Service
+    tier: str
+    jobs: int
+
+    @property
+    def allowed(self) -> int:
+        limit = self.service.max_queue_size
+        # Non-realtime work may use the queue up to the reserved margin; realtime all of it.
+        return limit if self.tier == Tier.REALTIME else limit - int(limit * P0_RESERVED_FRACTION)
+
+    def statement(self) -> tuple[str, list] | None:
+        """The SQL and its parameters, or None for a service without a max_queue_size."""
+        limit = self.service.max_queue_size
+        if not limit:
+            return None
+        # Counting stops at the limit: the check costs the same with 10 or 10^6 jobs queued.
+        return (
+            "SELECT renq_admit_to_queue(%s, %s, %s, %s, %s)",
+            [_CAPACITY_LOCK_SPACE, self.service.pk, limit, self.allowed, self.jobs],
         )
-        (depth,) = cursor.fetchone()
-    if depth + jobs > allowed:
+
+    def refusal(self, error: DatabaseError) -> AdmissionRefused | None:
+        """The 503 for the error the statement raised, or None for any other error."""
+        cause = error.__cause__
+        if getattr(cause, "pgcode", None) != QUEUE_FULL_SQLSTATE:
+            return None
+        service_id, depth = map(int, cause.diag.message_detail.split(":"))
+        if service_id != self.service.pk:
+            return None  # another service's check of the same request refused it
+        service, limit = self.service, self.service.max_queue_size
         # Rough drain time: one batch per batch_timeout is the floor of what a worker does.
         retry = max(1, math.ceil(depth / max(service.batch_size, 1) * service.batch_timeout))
-        raise AdmissionRefused(
+        return AdmissionRefused(
             503,
             "service",
             f"service '{service.name}' has {depth} queued jobs (max_queue_size {limit}"
-            + ("" if tier == Tier.REALTIME else f", {allowed} for non-realtime work")
-            + f"); {jobs} more do not fit; retry later.",
+            + ("" if self.tier == Tier.REALTIME else f", {self.allowed} for non-realtime work")
+            + f"); {self.jobs} more do not fit; retry later.",
             retry_after_s=retry,
             quota="max_queue_size",
         )

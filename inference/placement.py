@@ -143,9 +143,11 @@ def record_decision(job: Job, decision: RoutingDecision) -> JobRoute:
     return route
 
 
-def route_on_submit(jobs: Sequence[Job], router: Router | None = None) -> None:
-    """Choose each new job's backend and record why, in one INSERT; nothing for a service
-    without a route. Jobs of one request that share service and tier share one decision."""
+def routes_on_submit(jobs: Sequence[Job], router: Router | None = None) -> list[JobRoute]:
+    """Choose each new job's backend and why (the JobRoute rows to insert with the jobs; none
+    for a service without a route). Jobs of one request that share service and tier share one
+    decision. Decided before the submitting transaction, which then holds its lock for the
+    INSERTs alone."""
     router = router or Router()
     decisions: dict[tuple[int, str], RoutingDecision | None] = {}
     routes = []
@@ -167,8 +169,7 @@ def route_on_submit(jobs: Sequence[Job], router: Router | None = None) -> None:
         )
         job.route = route
         routes.append(route)
-    if routes:
-        JobRoute.objects.bulk_create(routes)
+    return routes
 
 
 def hand_on(

@@ -28,17 +28,33 @@ def insert_statement(rows: Sequence[Model], using: str = "default") -> tuple[str
     return sql, params
 
 
-def insert_new_rows(*groups: Sequence[Model], using: str = "default") -> None:
-    """Insert each group (new instances of one model) in one execute: inside a transaction,
-    these rows and the transaction's other statements commit or roll back together."""
-    statements = [insert_statement(rows, using) for rows in groups if rows]
+def run_in_one_round_trip(statements: Sequence[tuple[str, list]], using: str = "default") -> None:
+    """Several statements in one execute. Inside a transaction they are part of it; outside
+    one, PostgreSQL runs a query string of several statements as one implicit transaction:
+    they commit together, or an error in any of them rolls them all back."""
     if not statements:
         return
     with connections[using].cursor() as cursor:
         cursor.execute(
             ";\n".join(sql for sql, _ in statements), [p for _, ps in statements for p in ps]
         )
+
+
+def insert_statements(*groups: Sequence[Model], using: str = "default") -> list[tuple[str, list]]:
+    """One INSERT per non-empty group (new instances of one model)."""
+    return [insert_statement(rows, using) for rows in groups if rows]
+
+
+def mark_saved(*groups: Sequence[Model], using: str = "default") -> None:
+    """The instances are rows now (as save() leaves them)."""
     for rows in groups:
         for obj in rows:
             obj._state.adding = False
             obj._state.db = using
+
+
+def insert_new_rows(*groups: Sequence[Model], using: str = "default") -> None:
+    """Insert each group (new instances of one model) in one execute: inside a transaction,
+    these rows and the transaction's other statements commit or roll back together."""
+    run_in_one_round_trip(insert_statements(*groups, using=using), using)
+    mark_saved(*groups, using=using)

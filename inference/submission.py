@@ -1,8 +1,9 @@
 """The submit service: the one way a job enters renq (REST API, OpenAI API, bulk, demo, tests).
 
-validate (400 names the field) → admission (429/503 with Retry-After, a request admitted or
-refused whole) → INSERT (one statement for all jobs of a request) → routing decision → audit
-row → COMMIT → publish (after commit, so a worker never sees a job that does not exist).
+validate (400 names the field) → admission (429 with Retry-After, a request admitted or
+refused whole) → routing decision → [queue capacity check (503) → INSERT jobs, receipts,
+routes → COMMIT]: one round trip → publish (after commit, so a worker never sees a job that
+does not exist).
 """
 
 from __future__ import annotations
@@ -11,26 +12,23 @@ import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
-from inference.admission import (
-    check_running_jobs,
-    lock_and_check_queue_capacity,
-    reserve_counters,
-)
+from inference.admission import QueueCapacityCheck, check_running_jobs, reserve_counters
 from inference.audit import receipts, record_event
 from inference.inputs import InputError, check_storable_text
 from inference.kinds import kind_of, validate_input
 from inference.lookups import active_service, forget_all
 from inference.models import Job, JobStatus, Service, Tenant
-from inference.placement import route_on_submit
+from inference.placement import routes_on_submit
 from inference.publishing import publish_many_on_commit
-from inference.row_writer import insert_new_rows
+from inference.row_writer import insert_statements, mark_saved, run_in_one_round_trip
 from inference.tiers import Tier
 
 # An Idempotency-Key returns the job it first created for this long.
@@ -185,17 +183,29 @@ def accept(
             )
         check_running_jobs(tenant, len(pending))
         now = timezone.now()
-        with transaction.atomic():
-            # Services in id order: two lists naming the same services lock them alike.
-            for service_pk in sorted(by_service):
-                _check_capacity(requests, by_service[service_pk])
-            created = [_new_job(tenant, requests[i], now, idempotency_key) for i in pending]
-            # The jobs and their receipts in one round trip; routes (routed services) after.
-            insert_new_rows(created, receipts(created, actor=actor))
-            route_on_submit(created)
-            # published_at is set at INSERT (no UPDATE per job after the confirm); a failed
-            # publish clears it for the outbox.
-            publish_many_on_commit(created, counted_on=True)
+        created = [_new_job(tenant, requests[i], now, idempotency_key) for i in pending]
+        routes = routes_on_submit(created)
+        receipt_rows = receipts(created, actor=actor)
+        # Services in id order: two lists naming the same services lock them alike.
+        checks = [_capacity_check(requests, by_service[pk]) for pk in sorted(by_service)]
+        statements = [c.statement() for c in checks]
+        # The capacity checks, the jobs, their receipts and routes: one round trip, one
+        # transaction (the caller's, or PostgreSQL's implicit one for the query string).
+        statements = [s for s in statements if s is not None] + insert_statements(
+            created, receipt_rows, routes
+        )
+        try:
+            with transaction.atomic() if connection.in_atomic_block else nullcontext():
+                run_in_one_round_trip(statements)
+        except DatabaseError as exc:
+            refusal = next((r for c in checks if (r := c.refusal(exc)) is not None), None)
+            if refusal is not None:
+                raise refusal from None
+            raise
+        mark_saved(created, receipt_rows, routes)
+        # published_at is set at INSERT (no UPDATE per job after the confirm); a failed
+        # publish clears it for the outbox. Inside a caller's transaction: at its commit.
+        publish_many_on_commit(created, counted_on=True)
     except BaseException:
         for reservation in reservations:
             reservation.release()
@@ -205,14 +215,12 @@ def accept(
     return jobs  # type: ignore[return-value]
 
 
-def _check_capacity(requests: Sequence[JobRequest], indexes: list[int]) -> None:
+def _capacity_check(requests: Sequence[JobRequest], indexes: list[int]) -> QueueCapacityCheck:
     service = requests[indexes[0]].service
     realtime = sum(requests[i].tier == Tier.REALTIME for i in indexes)
     # Non-realtime work must fit below the realtime reserve; realtime may fill the queue.
-    if len(indexes) > realtime:
-        lock_and_check_queue_capacity(service, Tier.BATCH, len(indexes))
-    else:
-        lock_and_check_queue_capacity(service, Tier.REALTIME, len(indexes))
+    tier = Tier.BATCH if len(indexes) > realtime else Tier.REALTIME
+    return QueueCapacityCheck(service, tier, len(indexes))
 
 
 def _new_job(tenant: Tenant, request: JobRequest, now, idempotency_key: str) -> Job:

@@ -138,6 +138,35 @@ def test_a_list_that_does_not_fit_the_queue_is_refused_whole(api, make_service):
     assert Job.objects.count() == 0
 
 
+def test_a_list_over_two_services_names_the_one_whose_queue_is_full(api, make_service):
+    make_service("embedding", name="roomy", max_queue_size=100)
+    make_service("embedding", name="small", max_queue_size=2)
+    items = [{"service": "roomy", "input": {"texts": [f"e{i}"]}} for i in range(3)] + [
+        {"service": "small", "input": {"texts": [f"r{i}"]}} for i in range(3)
+    ]
+    response = submit(api, items)
+    assert response.status_code == 503
+    assert "'small'" in response.json()["error"]["message"]
+    # Refused whole: the first service's jobs, which fit, were not kept either.
+    assert Job.objects.count() == 0 and AuditEvent.objects.count() == 0
+    assert submit(api, items[:3]).status_code == 202
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_single_job_post_stores_it_in_one_round_trip(api, embedding):
+    # The capacity check (its lock held until commit), the job and its receipt: one query
+    # string, so the lock is never held while the web process waits on the network.
+    from django.test.utils import CaptureQueriesContext
+
+    submit(api, {"service": "embedding", "input": {"texts": ["warm"]}})
+    with CaptureQueriesContext(connection) as queries:
+        response = submit(api, {"service": "embedding", "input": {"texts": ["a"]}})
+    assert response.status_code == 202
+    writes = [q["sql"] for q in queries.captured_queries if "inference_job" in q["sql"]]
+    assert len(writes) == 1, writes
+    assert "renq_admit_to_queue" in writes[0] and "INSERT INTO" in writes[0]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_concurrent_submitters_never_overshoot_max_queue_size(make_tenant, make_service):
     # 8 submitters at once, 40 batch jobs, room for 18 (max_queue_size 20 less the realtime
