@@ -121,6 +121,15 @@ def run_case(
     sampler.stop()
     sessions = pg_sessions(DB_NAME) - sessions0
     last_finish = jobs.aggregate(t=Max("finished_at"))["t"].timestamp()
+    run_jobs = jobs.order_by("-created_at")[: max(1, done)]
+    job_ms = sorted(
+        (finished - created).total_seconds() * 1000
+        for created, finished in run_jobs.values_list("created_at", "finished_at")
+        if finished is not None
+    )
+    # Weighted by job: the pass size the average job shared (a pool that serves in clumps
+    # shows here and in the latency, not in CPU per job).
+    passes = [size for (size,) in run_jobs.values_list("batch_size") if size]
     succeeded = jobs.filter(status="succeeded").count() - before
     span_s = last_finish - t0
     latencies.sort()
@@ -133,6 +142,9 @@ def run_case(
         "succeeded": succeeded,
         "accepted_jobs_s": accepted / submit_s,
         "completed_jobs_s": succeeded / span_s,
+        "job_ms_p50": job_ms[len(job_ms) // 2] if job_ms else None,
+        "job_ms_p99": job_ms[min(len(job_ms) - 1, int(0.99 * len(job_ms)))] if job_ms else None,
+        "jobs_per_pass": sum(passes) / len(passes) if passes else None,
         "post_ms_p50": latencies[len(latencies) // 2],
         "post_ms_p99": latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))],
         "seconds": round(span_s, 2),
@@ -148,7 +160,7 @@ def run_case(
     }
 
 
-def run(*, quick: bool, web_workers: int = 2) -> dict:
+def run(*, quick: bool, web_workers: int = 2, pool: str = "prefork") -> dict:
     from processes import ProcessGroup, free_port
 
     from inference.queues import service_queues
@@ -157,10 +169,10 @@ def run(*, quick: bool, web_workers: int = 2) -> dict:
     _, key = bench_tenant()
     purge_queues(service_queues(SERVICE))
     duration = 3.0 if quick else 10.0
-    results: dict = {"web_workers": web_workers}
+    results: dict = {"web_workers": web_workers, "pool": pool}
     with ProcessGroup() as procs:
         url = procs.web(free_port(), workers=web_workers)
-        procs.worker("bench-noop", service_queues(SERVICE))
+        procs.worker("bench-noop", service_queues(SERVICE), extra=["--pool", pool])
         # Warm-up: each web process's first requests pay for imports and connections.
         session = requests.Session()
         session.headers["Authorization"] = f"Bearer {key}"

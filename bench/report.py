@@ -426,7 +426,9 @@ def _noop_section(r: dict) -> list[str]:
         "",
         f"REST → Postgres → RabbitMQ → worker → result with the no-op model kind (`bench-noop`: "
         f"batch_size 256), gunicorn + uvicorn with {noop['web_workers']} web processes, one "
-        "worker (prefork, concurrency 1); the clients run in the bench process. Submissions run "
+        f"worker ({noop.get('pool', 'prefork')}, concurrency 1); the clients run in the bench "
+        "process. Job latency is finished − created; jobs per pass is the pass size the "
+        "average job shared. Submissions run "
         "for a fixed time; completed/s = jobs ÷ (last finish − first POST). CPU is summed from "
         "/proc over the run for every process of the stack (`bench/cpu.py`: web and worker "
         "process groups; the Postgres server's auxiliary processes, its backends of the bench "
@@ -434,10 +436,11 @@ def _noop_section(r: dict) -> list[str]:
         "reaped Postgres connections are whole-server figures: other work on this shared machine "
         "would show there too ('other' = machine busy − stack − client).",
         "",
-        "| case | jobs | accepted/s | completed/s | POST p50 / p99 ms | CPU ms/job | web | "
+        "| case | jobs | accepted/s | completed/s | POST p50 / p99 ms | job p50 / p99 ms | "
+        "jobs per pass | CPU ms/job | web | "
         "Postgres | RabbitMQ | worker | Redis | PG sessions/POST | PG connections peak | "
         "client CPU s | other CPU s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, case in (
         ("1 job per POST, 8 threads", noop["single"]),
@@ -447,7 +450,9 @@ def _noop_section(r: dict) -> list[str]:
         lines.append(
             f"| {label} | {case['succeeded']:,} | {_f(case['accepted_jobs_s'], 0)} | "
             f"{_f(case['completed_jobs_s'], 0)} | {_f(case['post_ms_p50'], 0)} / "
-            f"{_f(case['post_ms_p99'], 0)} | {_f(case['cpu_ms_per_job'], 2)} | "
+            f"{_f(case['post_ms_p99'], 0)} | {_f(case.get('job_ms_p50'), 0)} / "
+            f"{_f(case.get('job_ms_p99'), 0)} | {_f(case.get('jobs_per_pass'), 1)} | "
+            f"{_f(case['cpu_ms_per_job'], 2)} | "
             f"{_f(by['web'], 2)} | "
             f"{_f(by['postgres'], 2)} | {_f(by['rabbitmq'], 2)} | {_f(by['worker'], 2)} | "
             f"{_f(by['redis'], 2)} | {_f(case['pg_sessions_per_post'], 2)} | "

@@ -482,6 +482,12 @@ def main() -> int:
         help="leave the model's cores shared with the rest of the stack (no RENQ_MODEL_CPUS), "
         "to compare with the default pinned run",
     )
+    parser.add_argument(
+        "--noop-pool",
+        default="prefork",
+        choices=("prefork", "solo", "threads"),
+        help="the no-op scenario's worker pool (default prefork, as the README runs workers)",
+    )
     args = parser.parse_args()
     which = {s.strip() for s in args.only.split(",") if s.strip()}
     unknown = which - set(SCENARIOS)
@@ -525,7 +531,7 @@ def main() -> int:
         if "pools" in which:
             scenario_pools(results, args.quick)
     if "noop" in which:
-        results["noop"] = noop_throughput.run(quick=args.quick)
+        results["noop"] = noop_throughput.run(quick=args.quick, pool=args.noop_pool)
     if "profile" in which:
         print("== submit path profile (pyinstrument, in-process)", flush=True)
         results["submit_profile"] = submit_profile.run(

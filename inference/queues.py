@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from inference.tiers import PLAN_BOOST, TIER_ORDER, Tier
+from inference.tiers import PLAN_BOOST, TIER_NAMES, TIER_ORDER, Tier
 
 # Plan boosts are the message priorities; kept small (each level is a sub-queue in RabbitMQ).
 MAX_PRIORITY = max(PLAN_BOOST.values())
@@ -78,6 +78,6 @@ def served_service_names(queue_names: set[str]) -> set[str]:
         if not name.startswith(prefix):
             continue
         service, _, tier = name[len(prefix) :].rpartition(".")
-        if service and service != IO_QUEUE_PREFIX and tier in Tier.values:
+        if service and service != IO_QUEUE_PREFIX and tier in TIER_NAMES:
             names.add(service)
     return names

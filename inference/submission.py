@@ -29,7 +29,7 @@ from inference.models import Job, JobStatus, Service, Tenant
 from inference.placement import routes_on_submit
 from inference.publishing import publish_many_on_commit
 from inference.row_writer import insert_statements, mark_saved, run_in_one_round_trip
-from inference.tiers import Tier
+from inference.tiers import TIER_NAMES, Tier
 
 # An Idempotency-Key returns the job it first created for this long.
 IDEMPOTENCY_WINDOW = timedelta(hours=24)
@@ -55,7 +55,7 @@ def resolve_service(name: Any) -> Service:
 def resolve_tier(priority: Any, tenant: Tenant) -> Tier:
     if priority is None or priority == "":
         return Tier(tenant.default_tier)
-    if priority not in Tier.values:
+    if not isinstance(priority, str) or priority not in TIER_NAMES:
         raise InputError("priority", f"must be one of {', '.join(Tier.values)}.")
     return Tier(priority)
 

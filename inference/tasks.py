@@ -21,7 +21,7 @@ from django.db import DatabaseError, close_old_connections
 
 from inference.bulk import fail_bulk, finish_bulk, retry_failed_piece
 from inference.config.tiers import tier_policies
-from inference.tiers import Tier
+from inference.tiers import TIER_NAMES
 from inference.workers.cloud import run_cloud_attempt
 from inference.workers.cpu_pinning import keep_off_model_cores
 from inference.workers.gpu import BatchRunner
@@ -72,7 +72,7 @@ def run_job(self, job_id: str | list[str]) -> dict:
         report = _runner.run(
             message_job_ids(job_id),
             seed_redelivered=bool(info.get("redelivered")),
-            seed_tier=tier if tier in Tier.values else None,
+            seed_tier=tier if tier in TIER_NAMES else None,
         )
     except INFRASTRUCTURE_ERRORS as exc:
         raise _requeue_after_outage(exc) from exc

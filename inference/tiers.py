@@ -24,6 +24,8 @@ class Tier(models.TextChoices):
 
 
 TIER_ORDER: tuple[Tier, ...] = (Tier.REALTIME, Tier.API, Tier.BATCH, Tier.OFFLINE)
+# The tiers' names, for membership tests on every job (Tier.values builds a list per call).
+TIER_NAMES: frozenset[str] = frozenset(tier.value for tier in TIER_ORDER)
 
 
 class Plan(models.TextChoices):

@@ -26,7 +26,7 @@ from inference.openai_api.db import in_db_thread
 from inference.openai_api.endpoints import ENDPOINTS, Endpoint
 from inference.openai_api.errors import OpenAIError, bad_request, model_not_found
 from inference.streaming import generated_text
-from inference.tiers import Tier
+from inference.tiers import TIER_NAMES, Tier
 from inference.waiting import wait_for_final_job
 
 logger = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ def json_body(request: HttpRequest) -> object:
 
 def requested_priority(request: HttpRequest) -> str | None:
     priority = request.headers.get(jobs.PRIORITY_HEADER)
-    if priority is not None and priority not in Tier.values:
+    if priority is not None and priority not in TIER_NAMES:
         raise bad_request(
             f"{jobs.PRIORITY_HEADER} must be one of {', '.join(Tier.values)}.",
             jobs.PRIORITY_HEADER,
