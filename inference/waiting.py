@@ -1,7 +1,8 @@
 """Waiting for a job's outcome without polling: Redis pub/sub, one channel per job.
 
 When a job reaches a final status the state machine (inference.transitions) calls
-`notify_finished`, which publishes on `renq:job-finished:<job id>`. A web request waiting for
+`notify_finished`, which publishes on `renq:job-finished:<job id>` (a batch's jobs in one
+Redis command). A web request waiting for
 that job (`wait_for_final_job`) subscribes to the channel, waits for Redis to confirm the
 subscription, and only then reads the job's status once from Postgres: a job that ends between
 that read and the wait is still heard of, and one that ended before it is seen by the read.
@@ -30,6 +31,7 @@ from typing import TypeVar
 import redis
 import redis.asyncio
 from django.conf import settings
+from redis.commands.core import Script
 
 from renq_site.shared_redis import shared_redis
 
@@ -53,6 +55,24 @@ def job_channel(job_id: str | uuid.UUID) -> str:
     return f"{CHANNEL_PREFIX}{job_id}"
 
 
+# One command for a batch's notifications: Redis publishes on each channel it is given. A
+# pipeline of one PUBLISH per job cost the worker ~30 µs of Python per job, a seventh of its
+# time per job in batches of 256.
+_PUBLISH_EACH = """
+for _, channel in ipairs(ARGV) do redis.call('PUBLISH', channel, '1') end
+return #ARGV
+"""
+_publish_each: tuple[redis.Redis, Script] | None = None
+
+
+def _publish_each_script(client: redis.Redis) -> Script:
+    global _publish_each
+    if _publish_each is None or _publish_each[0] is not client:
+        # Run by its SHA; redis-py loads it again should Redis have restarted since.
+        _publish_each = (client, client.register_script(_PUBLISH_EACH))
+    return _publish_each[1]
+
+
 def notify_finished(job_ids: Iterable[str | uuid.UUID]) -> None:
     """Tell anyone waiting that these jobs reached a final status. Never raises: the outcome
     is already stored, and a waiter that misses this re-reads the job on its own."""
@@ -60,10 +80,7 @@ def notify_finished(job_ids: Iterable[str | uuid.UUID]) -> None:
     if not channels:
         return
     try:
-        pipe = shared_redis().pipeline(transaction=False)
-        for channel in channels:
-            pipe.publish(channel, b"1")
-        pipe.execute()
+        _publish_each_script(shared_redis())(args=channels)
     except Exception:  # noqa: BLE001 - never let a notification break storing outcomes
         logger.warning("could not notify waiters of %d finished jobs", len(channels), exc_info=True)
 

@@ -49,7 +49,8 @@ class ProcessGroup:
         )
         return log
 
-    def web(self, port: int, workers: int = 2) -> str:
+    def web(self, port: int, workers: int = 2, access_log: bool = False) -> str:
+        """The web server as `make web` runs it (no access log unless asked for)."""
         self.start(
             "web",
             [
@@ -63,8 +64,7 @@ class ProcessGroup:
                 f"127.0.0.1:{port}",
                 "-w",
                 str(workers),
-                "--access-logfile",
-                "-",
+                *(["--access-logfile", "-"] if access_log else []),
             ],
         )
         url = f"http://127.0.0.1:{port}"
