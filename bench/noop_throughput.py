@@ -9,6 +9,7 @@ has finished every accepted job: "completed per second" is jobs ÷ (last finish 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -17,6 +18,7 @@ from django.db.models import Max
 
 from bench.common import (
     DB_NAME,
+    JsonPoster,
     Ticker,
     bench_tenant,
     keep_web_log,
@@ -62,9 +64,9 @@ def _submitters(url: str, key: str, *, threads: int, per_post: int, duration_s: 
     def one_job(i: int) -> dict:
         return {"service": SERVICE, "priority": "api", "input": {"texts": [f"noop {i}"]}}
 
+    poster = JsonPoster(url, key)
+
     def client(k: int) -> None:
-        session = requests.Session()
-        session.headers["Authorization"] = f"Bearer {key}"
         i = 0
         while time.time() < deadline:
             with lock:
@@ -77,13 +79,14 @@ def _submitters(url: str, key: str, *, threads: int, per_post: int, duration_s: 
             )
             i += per_post
             started = time.perf_counter()
-            r = session.post(f"{url}/api/v1/jobs", json=body, timeout=60)
+            status, _, answer = poster.post("/api/v1/jobs", body)
             elapsed_ms = (time.perf_counter() - started) * 1000
             with lock:
                 latencies.append(elapsed_ms)
                 state["last"] = time.time()
-                if r.status_code == 202:
-                    state["accepted"] += per_post if per_post == 1 else r.json()["accepted"]
+                if status == 202:
+                    accepted = 1 if per_post == 1 else json.loads(answer)["accepted"]
+                    state["accepted"] += accepted
                 else:
                     state["refused"] += per_post
 

@@ -143,11 +143,13 @@ class Bench:
     def __init__(self, procs: ProcessGroup, url: str, key: str, service: Service, tenant):
         self.procs, self.url, self.service, self.tenant = procs, url, service, tenant
         self.headers = {"Authorization": f"Bearer {key}"}
+        self.poster = common.JsonPoster(url, key)
         self.local = threading.local()
         self.lock = threading.Lock()
         self.refused: Counter = Counter()  # 429/503 answers, waited out and retried
 
     def session(self) -> requests.Session:
+        """For reads outside the measured spans (POSTs go through `poster`)."""
         if not hasattr(self.local, "session"):
             self.local.session = requests.Session()
             self.local.session.headers.update(self.headers)
@@ -155,19 +157,17 @@ class Bench:
 
     def submit(self, text: str, priority: str = "api", service: str = SERVICE) -> str:
         """One job; a 429/503 is waited out as its Retry-After says (and counted)."""
+        body = {"service": service, "priority": priority, "input": {"texts": [text]}}
         for _ in range(30):
-            r = self.session().post(
-                f"{self.url}/api/v1/jobs",
-                timeout=30,
-                json={"service": service, "priority": priority, "input": {"texts": [text]}},
-            )
-            if r.status_code not in (429, 503):
+            status, headers, answer = self.poster.post("/api/v1/jobs", body)
+            if status not in (429, 503):
                 break
             with self.lock:
-                self.refused[r.status_code] += 1
-            time.sleep(min(1.0, float(r.headers.get("Retry-After", "1"))))
-        r.raise_for_status()
-        return r.json()["id"]
+                self.refused[status] += 1
+            time.sleep(min(1.0, float(headers.get("Retry-After", "1"))))
+        if status != 202:
+            raise RuntimeError(f"POST /api/v1/jobs answered {status}: {answer[:500]!r}")
+        return json.loads(answer)["id"]
 
     def configure(self, **runtime) -> None:
         Service.objects.filter(pk=self.service.pk).update(**runtime)
