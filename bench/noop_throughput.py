@@ -13,7 +13,6 @@ import json
 import threading
 import time
 
-import requests
 from django.db.models import Max
 
 from bench.common import (
@@ -177,14 +176,13 @@ def run(*, quick: bool, web_workers: int = 2, pool: str = "prefork") -> dict:
         url = procs.web(free_port(), workers=web_workers)
         procs.worker("bench-noop", service_queues(SERVICE), extra=["--pool", pool])
         # Warm-up: each web process's first requests pay for imports and connections.
-        session = requests.Session()
-        session.headers["Authorization"] = f"Bearer {key}"
+        poster = JsonPoster(url, key)
         for i in range(20):
-            session.post(
-                f"{url}/api/v1/jobs",
-                json={"service": SERVICE, "input": {"texts": [f"warm {i}"]}},
-                timeout=30,
-            ).raise_for_status()
+            status, _, answer = poster.post(
+                "/api/v1/jobs", {"service": SERVICE, "input": {"texts": [f"warm {i}"]}}
+            )
+            if status != 202:
+                raise RuntimeError(f"warm-up POST answered {status}: {answer[:500]!r}")
         time.sleep(1.0)
         print("== no-op: one job per POST", flush=True)
         results["single"] = run_case(

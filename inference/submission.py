@@ -188,12 +188,10 @@ def accept(
         receipt_rows = receipts(created, actor=actor)
         # Services in id order: two lists naming the same services lock them alike.
         checks = [_capacity_check(requests, by_service[pk]) for pk in sorted(by_service)]
-        statements = [c.statement() for c in checks]
         # The capacity checks, the jobs, their receipts and routes: one round trip, one
         # transaction (the caller's, or PostgreSQL's implicit one for the query string).
-        statements = [s for s in statements if s is not None] + insert_statements(
-            created, receipt_rows, routes
-        )
+        statements = [s for c in checks if (s := c.statement()) is not None]
+        statements += insert_statements(created, receipt_rows, routes)
         try:
             with transaction.atomic() if connection.in_atomic_block else nullcontext():
                 run_in_one_round_trip(statements)

@@ -2,10 +2,10 @@
 
 When a job reaches a final status the state machine (inference.transitions) calls
 `notify_finished`, which publishes on `renq:job-finished:<job id>` (a batch's jobs in one
-Redis command). A web request waiting for
-that job (`wait_for_final_job`) subscribes to the channel, waits for Redis to confirm the
-subscription, and only then reads the job's status once from Postgres: a job that ends between
-that read and the wait is still heard of, and one that ended before it is seen by the read.
+Redis command). A web request waiting for that job (`wait_for_final_job`) subscribes to the
+channel, waits for Redis to confirm the subscription, and only then reads the job's status
+once from Postgres: a job that ends between that read and the wait is still heard of, and one
+that ended before it is seen by the read.
 
 Why Redis pub/sub rather than Postgres LISTEN/NOTIFY: every process already talks to Redis, a
 waiter holds a pooled Redis connection (cheap; Redis serves 10,000 clients by default) instead

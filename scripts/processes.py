@@ -49,8 +49,8 @@ class ProcessGroup:
         )
         return log
 
-    def web(self, port: int, workers: int = 2, access_log: bool = False) -> str:
-        """The web server as `make web` runs it (no access log unless asked for)."""
+    def web(self, port: int, workers: int = 2) -> str:
+        """The web server as `make web` runs it (no access log)."""
         self.start(
             "web",
             [
@@ -64,7 +64,6 @@ class ProcessGroup:
                 f"127.0.0.1:{port}",
                 "-w",
                 str(workers),
-                *(["--access-logfile", "-"] if access_log else []),
             ],
         )
         url = f"http://127.0.0.1:{port}"

@@ -1,3 +1,5 @@
+from importlib import import_module
+
 from django.db import migrations
 
 # The admission check of the submit path (inference.admission.QueueCapacityCheck): the
@@ -29,10 +31,16 @@ $$;
 """
 DROP = "DROP FUNCTION IF EXISTS renq_admit_to_queue(integer, integer, integer, integer, integer);"
 
+# It replaces 0009's lock-and-count, which nothing calls any more (restored on reverse).
+_0009 = import_module("inference.migrations.0009_queue_depth_function")
+
 
 class Migration(migrations.Migration):
     dependencies = [
         ("inference", "0010_job_index_diet"),
     ]
 
-    operations = [migrations.RunSQL(CREATE, DROP)]
+    operations = [
+        migrations.RunSQL(CREATE, DROP),
+        migrations.RunSQL(_0009.DROP, _0009.CREATE),
+    ]
