@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -155,22 +156,36 @@ def observe_batch(service: Service, outcomes: Sequence[Outcome]) -> None:
 
 
 def record_outcomes(outcomes: Iterable[Outcome]) -> None:
-    """Jobs stored as succeeded or failed (the state machine's store_outcomes)."""
+    """Jobs stored as succeeded or failed (the state machine's store_outcomes). Each label set
+    is looked up once per batch: per job, the lookups were a fifth of a no-op worker's CPU."""
     try:
         now = timezone.now()
+        finished: dict[tuple[str, str, bool], int] = defaultdict(int)
+        waits: dict[tuple[str, str], list[float]] = defaultdict(list)
+        latencies: dict[tuple[str, str], list[float]] = defaultdict(list)
         for outcome in outcomes:
             job = outcome.job
-            service, tier = job.service.name, job.tier
-            ok = outcome.result is not None
-            JOBS_FINISHED.labels(
-                service, tier, "succeeded" if ok else "failed", "ok" if ok else "error"
-            ).inc()
+            key = (job.service.name, job.tier)
+            finished[(*key, outcome.result is not None)] += 1
             waited = _seconds(job.created_at, outcome.started_at)
             if waited is not None:
-                QUEUE_TIME.labels(service, tier).observe(waited)
-            E2E_LATENCY.labels(service, tier).observe(_seconds(job.created_at, now) or 0.0)
+                waits[key].append(waited)
+            latencies[key].append(_seconds(job.created_at, now) or 0.0)
+        for (service, tier, ok), count in finished.items():
+            JOBS_FINISHED.labels(
+                service, tier, "succeeded" if ok else "failed", "ok" if ok else "error"
+            ).inc(count)
+        for key, seconds in waits.items():
+            _observe_all(QUEUE_TIME.labels(*key), seconds)
+        for key, seconds in latencies.items():
+            _observe_all(E2E_LATENCY.labels(*key), seconds)
     except Exception:
         logger.exception("metrics: could not record outcomes")
+
+
+def _observe_all(histogram, values: list[float]) -> None:
+    for value in values:
+        histogram.observe(value)
 
 
 def record_jobs(jobs: Iterable[Job], status: str, reason: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 from datetime import timedelta
 
@@ -141,3 +143,47 @@ def test_a_publish_that_fails_at_submission_leaves_the_job_to_the_outbox(
     assert ready_message_counts([queue]) == {queue: 0}
     assert republish_unpublished(older_than_s=0) == 1
     assert ready_message_counts([queue]) == {queue: 1}
+
+
+def test_a_dispatch_message_carries_the_headers_celery_writes_for_the_task():
+    # The worker runs what Celery's own as_task_v2 would have sent: a Celery upgrade that
+    # changes the task protocol fails here, not in a worker that cannot read the message.
+    from inference.publishing import task_message
+    from renq_site.celery import app
+
+    ours = task_message("inference.run_job", ["a-job-id"], priority=2)
+    task_id = ours.headers["id"]
+    celery = app.amqp.as_task_v2(task_id, "inference.run_job", args=["a-job-id"])
+    expected = dict(celery.headers, ignore_result=True)
+    assert ours.headers == expected
+    assert json.loads(ours.body) == json.loads(json.dumps(list(celery.body)))
+    assert ours.properties["correlation_id"] == task_id
+    assert (ours.properties["delivery_mode"], ours.properties["priority"]) == (2, 2)
+
+
+def test_a_publish_after_the_kept_connection_died_still_reaches_the_queue(
+    make_tenant, make_service
+):
+    # A broker restart kills the connections kept between publishes; the next submission
+    # must not be left to the outbox because of it.
+    from inference import publishing
+    from inference.publishing import ready_message_counts
+    from inference.queues import service_queues, tier_queue
+    from inference.submission import submit_job
+    from tests.conftest import purge_test_queues
+
+    make_service("noop", name="kept-died")
+    purge_test_queues(service_queues("kept-died"))
+    tenant, _ = make_tenant()
+    submit_job(tenant=tenant, service_name="kept-died", payload={"texts": ["warm"]})
+    kept = list(publishing._channels._idle)
+    assert kept, "the channel is kept for the next publish"
+    for channel in kept:
+        channel._connection.connection.sock.shutdown(socket.SHUT_RDWR)
+
+    job = submit_job(tenant=tenant, service_name="kept-died", payload={"texts": ["after"]})
+
+    job.refresh_from_db()
+    assert job.published_at is not None
+    queue = tier_queue("kept-died", job.tier)
+    assert ready_message_counts([queue]) == {queue: 2}
