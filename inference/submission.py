@@ -221,14 +221,50 @@ def _capacity_check(requests: Sequence[JobRequest], indexes: list[int]) -> Queue
     return QueueCapacityCheck(service, tier, len(indexes))
 
 
+class NewJobRow:
+    """Builds unsaved Job instances from their fields' positions. `Job(**fields)` resolves
+    every field it is not given (a default call per field, keyword lookups): for a POST of
+    100 jobs that was a fifth of the web's CPU. Here the defaults are taken once, and only
+    the callable ones (the id) are called per job."""
+
+    def __init__(self, model: type[Job] = Job):
+        self.model = model
+        fields = model._meta.concrete_fields
+        self.attnames = [f.attname for f in fields]
+        self.index = {name: i for i, name in enumerate(self.attnames)}
+        # Called per job (the id); the others' defaults are constants (0, "", False, None).
+        self.per_job = [
+            (i, f.default) for i, f in enumerate(fields) if f.has_default() and callable(f.default)
+        ]
+        called = {i for i, _ in self.per_job}
+        self.defaults = [None if i in called else f.get_default() for i, f in enumerate(fields)]
+
+    def build(self, tenant: Tenant, service: Service, **values: Any) -> Job:
+        row = list(self.defaults)
+        for i, default in self.per_job:
+            row[i] = default()
+        index = self.index
+        for name, value in values.items():
+            row[index[name]] = value
+        row[index["tenant_id"]] = tenant.pk
+        row[index["service_id"]] = service.pk
+        job = self.model(*row)
+        # As Job(tenant=..., service=...) leaves them: no query when they are read.
+        job.tenant, job.service = tenant, service
+        return job
+
+
+_job_rows = NewJobRow()
+
+
 def _new_job(tenant: Tenant, request: JobRequest, now, idempotency_key: str) -> Job:
     service = request.service
     deadline_at = None
     if request.deadline_ms is not None:
         deadline_at = now + timedelta(milliseconds=request.deadline_ms)
-    return Job(
-        tenant=tenant,
-        service=service,
+    return _job_rows.build(
+        tenant,
+        service,
         tier=request.tier,
         message_priority=tenant.plan_boost,
         input=request.input,
