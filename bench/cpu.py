@@ -152,3 +152,47 @@ def pg_connections(db_name: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s", [db_name])
         return int(cursor.fetchone()[0])
+
+
+SERVER_COMMS = {"postgres"} | RABBITMQ_COMMS | REDIS_COMMS
+
+
+def server_threads() -> list[int]:
+    """Thread ids of the machine's PostgreSQL, RabbitMQ and Redis processes."""
+    tids = []
+    for sample in _all():
+        if sample.comm in SERVER_COMMS:
+            try:
+                tids += [int(tid) for tid in os.listdir(f"/proc/{sample.pid}/task")]
+            except FileNotFoundError:
+                pass  # exited meanwhile
+    return tids
+
+
+class ServerAffinity:
+    """Keeps the machine's PostgreSQL, RabbitMQ and Redis on given CPUs for a while, then puts
+    every thread of theirs back where it was (threads started meanwhile, such as new Postgres
+    backends forked from the pinned postmaster, back to `restore_to`)."""
+
+    def __init__(self, restore_to: frozenset[int]):
+        self.restore_to = restore_to
+        self.before: dict[int, set[int]] = {}
+
+    def pin(self, cpus: frozenset[int]) -> int:
+        """How many threads were moved (0 without the permission to move them)."""
+        for tid in server_threads():
+            try:
+                before = os.sched_getaffinity(tid)
+                os.sched_setaffinity(tid, cpus)
+            except OSError:  # exited meanwhile, or not ours to move
+                continue
+            self.before[tid] = before
+        return len(self.before)
+
+    def restore(self) -> None:
+        for tid in server_threads():
+            try:
+                os.sched_setaffinity(tid, self.before.get(tid, self.restore_to))
+            except OSError:
+                continue
+        self.before.clear()

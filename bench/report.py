@@ -319,9 +319,15 @@ def write_report(r: dict, out: Path) -> None:
         f"threads {m['model_threads']} (raw and renq alike)"
         + (
             f", the model pinned to CPU(s) {m['model_cpus']} (raw and renq's forward passes "
-            f"alike; `RENQ_MODEL_CPUS`) and the bench's clients, web and workers to "
-            f"{m['stack_cpus']} in the in-process, e2e and pool scenarios (no-op, bulk and "
-            "priority unpinned)"
+            f"alike; `RENQ_MODEL_CPUS`) and the bench's clients, web and workers"
+            + (
+                " and the machine's PostgreSQL, RabbitMQ and Redis "
+                f"({m['pinning']['server_threads_pinned']} threads)"
+                if m.get("pinning", {}).get("server_threads_pinned")
+                else " (not PostgreSQL, RabbitMQ and Redis: they could not be moved)"
+            )
+            + f" to {m['stack_cpus']} in the in-process, e2e and pool scenarios (no-op, bulk "
+            "and priority unpinned)"
             if m.get("model_cpus")
             else ""
         )

@@ -522,8 +522,13 @@ def main() -> int:
     if which & {"inprocess", "bulk", "result_bytes"}:
         engine = load_engine("embedding", MODEL_REF, device="cpu")
         engine.run_batch([{"texts": ["warm up"]}])
-    pinning = contextlib.nullcontext() if args.unpinned else common.model_on_its_own_cores()
-    with pinning:
+    pinning = (
+        contextlib.nullcontext({"model_cpus": [], "server_threads_pinned": 0})
+        if args.unpinned
+        else common.model_on_its_own_cores()
+    )
+    with pinning as pinned:
+        results["machine"]["pinning"] = pinned
         if "inprocess" in which:
             scenario_inprocess(results, engine, args.quick)
         if "e2e" in which:
