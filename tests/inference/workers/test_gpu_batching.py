@@ -304,3 +304,51 @@ def test_a_batch_is_pulled_with_one_broker_ask_per_message_not_two(make_tenant, 
     # The first pull: realtime, api (one message); the second: realtime, api × 9; none after.
     assert asks.count("api") == 10, asks
     assert asks.count("realtime") == 2, asks
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_window_waiting_for_company_asks_idle_tiers_once_and_realtime_at_every_poll(
+    make_tenant, make_service
+):
+    # One api job and a window that waits 0.2 s for company: the batch and offline queues,
+    # empty and with no job in the window, are asked once; realtime and api (where company
+    # comes from) at every poll. Empty asks outnumbered messages under single-job load.
+    from inference.engines import load_engine
+    from inference.queues import service_queues
+    from inference.workers import gpu, worker_identity
+    from tests.conftest import in_process_readers, purge_test_queues
+
+    service = make_service("noop", name="quiet-tiers", batch_size=10, batch_timeout=0.2)
+    purge_test_queues(service_queues("quiet-tiers"))
+    tenant, _ = make_tenant()
+    job = Job.objects.create(tenant=tenant, service=service, tier="api", input={"texts": ["x"]})
+    _publish([job])
+    with in_process_readers("quiet-tiers") as readers:
+        reader = readers.get("quiet-tiers")
+        asks: list[str] = []
+
+        def counted(tier: str, get):
+            def ask(**kwargs):
+                asks.append(tier)
+                return get(**kwargs)
+
+            return ask
+
+        for tier, queue in reader._queues.items():
+            queue.get = counted(tier, queue.get)
+        loop = gpu._Drain(
+            gpu.BatchRunner(readers),
+            service,
+            load_engine("noop", service.model_ref, device="cpu"),
+            reader,
+            worker_identity(),
+            gpu.BatchReport(),
+        )
+        batch = loop.form()
+        loop.runner._settle("quiet-tiers", loop.ledger.unsettled(), ack=True)
+
+    assert [h.job.pk for h in batch] == [job.pk]
+    polls = asks.count("realtime")
+    assert polls > 20, asks  # it waited, polling every POLL_INTERVAL_S
+    assert asks.count("api") >= polls - 1, asks
+    assert (asks.count("batch"), asks.count("offline")) == (1, 1), asks
