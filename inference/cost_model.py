@@ -49,8 +49,8 @@ else
 end
 redis.call('HSET', KEYS[1], 'per_token_s', tostring(per_token), 'per_batch_s',
            tostring(per_batch))
-redis.call('HINCRBY', KEYS[1], 'samples', 1)
-return {tostring(per_token), tostring(per_batch)}
+local samples = redis.call('HINCRBY', KEYS[1], 'samples', 1)
+return {tostring(per_token), tostring(per_batch), samples}
 """
 
 
@@ -128,7 +128,7 @@ class BatchCostModel:
     def _update(self, elapsed_s: float, tokens: int, which: str) -> None:
         self._read = None
         try:
-            self.redis.eval(
+            per_token_s, per_batch_s, samples = self.redis.eval(
                 _UPDATE,
                 1,
                 self.key,
@@ -142,6 +142,11 @@ class BatchCostModel:
         except redis.RedisError:
             # A statistic: a lost sample must not cost a batch its results.
             logger.warning("could not update the batch cost model %s", self.key, exc_info=True)
+            return
+        if self.reuse_s > 0:
+            # The script answers with what it stored: the next read needs no round trip.
+            cost = BatchCost(float(per_token_s), float(per_batch_s), int(samples))
+            self._read = (time.monotonic(), cost)
 
 
 # The batch former aims non-realtime passes at this fraction of the preemption budget: the
