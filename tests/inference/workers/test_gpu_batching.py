@@ -258,27 +258,19 @@ def test_the_next_batch_is_claimed_before_the_running_pass_ends_when_the_predict
         assert claimed < pass_ended, (claimed - pass_ended, [len(p) for p in ordered])
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_batch_is_pulled_with_one_broker_ask_per_message_not_two(make_tenant, make_service):
-    # Ten api messages and an empty realtime queue: the realtime queue is asked once per pull,
-    # not before every message, and a queue the last message emptied is not asked again
-    # (basic.get-ok says how many were left). Each ask is a broker round trip in the loop.
+def _form_one_batch_counting_asks(service, jobs) -> tuple[list, list[str]]:
+    """Publish the jobs, form one batch in this process as a worker would, and return it with
+    the tier of each broker ask (basic.get) the forming made, in order."""
     from inference.engines import load_engine
     from inference.queues import service_queues
     from inference.workers import gpu, worker_identity
     from tests.conftest import in_process_readers, purge_test_queues
 
-    service = make_service("noop", name="pull-asks", batch_size=10, batch_timeout=5)
-    purge_test_queues(service_queues("pull-asks"))
-    tenant, _ = make_tenant()
-    jobs = [
-        Job.objects.create(tenant=tenant, service=service, tier="api", input={"texts": ["x"]})
-        for _ in range(10)
-    ]
+    purge_test_queues(service_queues(service.name))
     _publish(jobs)
-    with in_process_readers("pull-asks") as readers:
-        reader = readers.get("pull-asks")
-        asks: list[str] = []
+    asks: list[str] = []
+    with in_process_readers(service.name) as readers:
+        reader = readers.get(service.name)
 
         def counted(tier: str, get):
             def ask(**kwargs):
@@ -298,7 +290,22 @@ def test_a_batch_is_pulled_with_one_broker_ask_per_message_not_two(make_tenant, 
             gpu.BatchReport(),
         )
         batch = loop.form()
-        loop.runner._settle("pull-asks", loop.ledger.unsettled(), ack=True)
+        loop.runner._settle(service.name, loop.ledger.unsettled(), ack=True)
+    return batch, asks
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_is_pulled_with_one_broker_ask_per_message_not_two(make_tenant, make_service):
+    # Ten api messages and an empty realtime queue: the realtime queue is asked once per pull,
+    # not before every message, and a queue the last message emptied is not asked again
+    # (basic.get-ok says how many were left). Each ask is a broker round trip in the loop.
+    service = make_service("noop", name="pull-asks", batch_size=10, batch_timeout=5)
+    tenant, _ = make_tenant()
+    jobs = [
+        Job.objects.create(tenant=tenant, service=service, tier="api", input={"texts": ["x"]})
+        for _ in range(10)
+    ]
+    batch, asks = _form_one_batch_counting_asks(service, jobs)
 
     assert sorted(h.job.pk for h in batch) == sorted(j.pk for j in jobs)
     # The first pull: realtime, api (one message); the second: realtime, api × 9; none after.
@@ -313,39 +320,10 @@ def test_a_window_waiting_for_company_asks_idle_tiers_once_and_realtime_at_every
     # One api job and a window that waits 0.2 s for company: the batch and offline queues,
     # empty and with no job in the window, are asked once; realtime and api (where company
     # comes from) at every poll. Empty asks outnumbered messages under single-job load.
-    from inference.engines import load_engine
-    from inference.queues import service_queues
-    from inference.workers import gpu, worker_identity
-    from tests.conftest import in_process_readers, purge_test_queues
-
     service = make_service("noop", name="quiet-tiers", batch_size=10, batch_timeout=0.2)
-    purge_test_queues(service_queues("quiet-tiers"))
     tenant, _ = make_tenant()
     job = Job.objects.create(tenant=tenant, service=service, tier="api", input={"texts": ["x"]})
-    _publish([job])
-    with in_process_readers("quiet-tiers") as readers:
-        reader = readers.get("quiet-tiers")
-        asks: list[str] = []
-
-        def counted(tier: str, get):
-            def ask(**kwargs):
-                asks.append(tier)
-                return get(**kwargs)
-
-            return ask
-
-        for tier, queue in reader._queues.items():
-            queue.get = counted(tier, queue.get)
-        loop = gpu._Drain(
-            gpu.BatchRunner(readers),
-            service,
-            load_engine("noop", service.model_ref, device="cpu"),
-            reader,
-            worker_identity(),
-            gpu.BatchReport(),
-        )
-        batch = loop.form()
-        loop.runner._settle("quiet-tiers", loop.ledger.unsettled(), ack=True)
+    batch, asks = _form_one_batch_counting_asks(service, [job])
 
     assert [h.job.pk for h in batch] == [job.pk]
     polls = asks.count("realtime")
