@@ -12,7 +12,7 @@ from django.db import OperationalError
 from inference.engines.noop import NoopEngine
 from inference.models import Job
 from inference.tiers import Tier
-from inference.workers.gpu import BatchReport, BatchRunner, _Drain
+from inference.workers.gpu import BatchReport, BatchRunner, Held, _Drain
 from inference.workers.tier_reader import DEFAULT_WEIGHTS, PulledMessage, WeightedShare
 
 
@@ -59,3 +59,32 @@ def test_a_pulled_message_goes_back_when_the_claim_fails(make_service, monkeypat
     with pytest.raises(OperationalError):
         drain.fill(drain.new_window(), only_realtime=False, may_pull=True)
     assert message.requeued, "the message would stay unacked on the reader's channel"
+
+
+class BrokenReader(FakeReader):
+    """A reader whose broker connection died (a RabbitMQ restart since its last batch)."""
+
+    def get(self, tiers=None):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+
+@pytest.mark.django_db
+def test_a_claimed_job_still_runs_when_the_reader_broke_while_forming(make_service, make_tenant):
+    # After a RabbitMQ restart the first task's reader is dead. Its seed, a batch-tier job,
+    # waits for its tier's turn; the failed pull dropped it with the window, and the task
+    # returned with the job claimed: stuck running until the stale-claim sweep (120 s).
+    service = make_service("noop", name="broken-reader")
+    tenant, _ = make_tenant()
+    job = Job.objects.create(tenant=tenant, service=service, tier="batch", input={"texts": ["x"]})
+    claim = Job.objects.claim([job.pk], worker="test")
+    discarded = []
+    runner = BatchRunner(readers=type("Readers", (), {"discard": discarded.append})())
+    loop = _Drain(runner, service, NoopEngine("none"), BrokenReader([]), "test", BatchReport())
+    loop.hold(Held(claim.jobs[0], claim), Tier.BATCH)
+
+    loop.run()
+
+    job.refresh_from_db()
+    assert job.status == "succeeded"
+    assert loop.report.ran == 1
+    assert discarded == ["broken-reader"]  # the next task opens a fresh connection
