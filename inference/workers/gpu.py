@@ -472,10 +472,9 @@ class _Drain:
             logger.warning("broker connection lost while forming a batch", exc_info=True)
             self.runner._readers.discard(self.service.name)
             self.reader = None
-            # The jobs claimed here still run, without pulling: a job held for its tier's
-            # turn (the seed of a batch-tier task is) was dropped with the window, and the
-            # task returned with it claimed: stuck running until the stale-claim sweep
-            # (found after a RabbitMQ restart, by hand and once in 17 chaos runs).
+            # The jobs already claimed still run, without pulling: dropped with the window
+            # (a seed held for its tier's turn, say), a job stayed running until the
+            # stale-claim sweep.
             self.fill(window, only_realtime=only_realtime, may_pull=False)
         return [item.value for item in window.items]
 
