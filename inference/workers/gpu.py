@@ -191,7 +191,6 @@ class BatchRunner:
         self._model_thread = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="forward", initializer=pin_model_thread
         )
-        self._cost_models: dict[tuple[str, str], BatchCostModel] = {}
 
     def run(
         self, seed_job_ids: list[str], *, seed_redelivered: bool, seed_tier: str | None
@@ -250,17 +249,6 @@ class BatchRunner:
             logger.warning("could not settle %d pulled messages", len(messages), exc_info=True)
             self._readers.discard(service_name)
 
-    def cost_model(self, service_name: str, device: str) -> BatchCostModel:
-        """Kept across tasks, so that its last read (or its own last observation) is reused:
-        at idle every realtime job is a task of its own, and a Redis read per task was on
-        its path."""
-        key = (service_name, device)
-        model = self._cost_models.get(key)
-        if model is None:
-            model = BatchCostModel(service_name, device, reuse_s=COST_MODEL_REUSE_S)
-            self._cost_models[key] = model
-        return model
-
     def infer(self, engine, jobs: list[Job], tokens: list[int], plans=None) -> Future:
         return self._model_thread.submit(forward_pass, engine, jobs, tokens, plans)
 
@@ -286,7 +274,10 @@ class _Drain:
         self.share = reader.share if reader is not None else WeightedShare(DEFAULT_WEIGHTS)
         self.ledger = MessageLedger()
         self.failed_ids: set[str] = set()
-        self.cost_model = runner.cost_model(service.name, engine.device)
+        # One per task: a task starts from what every worker has stored (a model kept across
+        # tasks answered from its last read, up to COST_MODEL_REUSE_S old, and a chunked
+        # generation started on a stale prediction ran in one pass).
+        self.cost_model = BatchCostModel(service.name, engine.device, reuse_s=COST_MODEL_REUSE_S)
         self.padding = getattr(engine, "max_padding_ratio", 0.0)
         self.max_run_s = pass_target_s(service)
         self.pull_until = time.monotonic() + DRAIN_LIMIT_S
