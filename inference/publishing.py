@@ -37,10 +37,15 @@ FINISH_BULK_TASK = "inference.finish_bulk"
 FAIL_BULK_TASK = "inference.fail_bulk"
 # Never consumed by renq: the message is the record (`renq.dead`, inspect it with RabbitMQ).
 DEAD_LETTER_TASK = "inference.dead_letter"
-# Most jobs one dispatch message carries (jobs submitted together, bound for one tier queue):
-# enough to pay a publisher confirm per 8 jobs, few enough that the jobs a batch cannot take
-# (they wait, claimed, for the worker's next batch) never crowd out other tiers' share.
-MAX_JOBS_PER_MESSAGE = 8
+# Jobs one dispatch message carries (jobs submitted together, bound for one tier queue): an
+# eighth of the service's batch_size, at least 8 and at most 64. Enough that publishing,
+# confirming, fetching and acking a message are paid once per several jobs; few enough that
+# the jobs a batch cannot take (they wait, claimed, for the worker's next batch) stay a small
+# share of a batch and never crowd out other tiers' share. (A fixed 8 made a 100-job
+# submission 13 messages for a no-op service batching 256: at 32 to a message, 100 per POST
+# went from 4,702 to 6,207 accepted jobs/s, `bench/run_all.py --only noop`.)
+MIN_JOBS_PER_MESSAGE = 8
+MAX_JOBS_PER_MESSAGE = 64
 # A publish RabbitMQ has not confirmed by then counts as failed (the outbox sends it again).
 CONFIRM_TIMEOUT_S = 10.0
 # How long a consumer count read from RabbitMQ is trusted (one round trip per queue).
@@ -224,7 +229,7 @@ def _send(jobs: Sequence[Job]) -> bool:
 def publish_many(jobs: Sequence[Job], *, counted_on: bool = False) -> int:
     """Publish the jobs' dispatch messages (with publisher confirms) and record, in one
     UPDATE, which RabbitMQ confirmed. Jobs bound for the same tier queue travel together, up
-    to MAX_JOBS_PER_MESSAGE in one message (one publish and one confirm instead of one per
+    to jobs_per_message in one message (one publish and one confirm instead of one per
     job; the worker claims them together). A job whose publish failed keeps no published_at
     and `republish_unpublished` sends it later, so an accepted job is never lost. Stops at
     the first failure: the broker is away, the sweeper will do the rest.
@@ -257,6 +262,11 @@ def _unmark(job_ids: list) -> None:
         logger.warning("could not hand %d unpublished jobs to the outbox", len(job_ids))
 
 
+def jobs_per_message(batch_size: int) -> int:
+    """Most jobs one dispatch message to a service batching `batch_size` carries."""
+    return max(MIN_JOBS_PER_MESSAGE, min(MAX_JOBS_PER_MESSAGE, batch_size // 8))
+
+
 def _messages(jobs: Sequence[Job]) -> list[list[Job]]:
     groups: dict[tuple[str, int], list[Job]] = {}
     messages: list[list[Job]] = []
@@ -268,7 +278,7 @@ def _messages(jobs: Sequence[Job]) -> list[list[Job]]:
         key = (target.queue, target.priority)
         group = groups.setdefault(key, [])
         group.append(job)
-        if len(group) == MAX_JOBS_PER_MESSAGE:
+        if len(group) == jobs_per_message(job.service.batch_size):
             messages.append(groups.pop(key))
     messages.extend(groups.values())
     return messages

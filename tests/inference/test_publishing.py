@@ -187,3 +187,32 @@ def test_a_publish_after_the_kept_connection_died_still_reaches_the_queue(
     assert job.published_at is not None
     queue = tier_queue("kept-died", job.tier)
     assert ready_message_counts([queue]) == {queue: 2}
+
+
+@pytest.mark.parametrize(("batch_size", "messages"), [(64, 13), (256, 4), (4096, 2)])
+def test_jobs_submitted_together_travel_an_eighth_of_a_batch_to_a_message(
+    make_tenant, make_service, batch_size, messages
+):
+    # 100 jobs in one submission: 8 to a message for a service batching 64 (13 messages),
+    # 32 for one batching 256, never more than 64. Each message is a publish, a confirm, a
+    # fetch and an ack; the jobs of one the batch cannot take wait claimed for the next.
+    from inference.publishing import ready_message_counts
+    from inference.queues import service_queues, tier_queue
+    from inference.submission import accept, prepare
+    from tests.conftest import purge_test_queues
+
+    name = f"per-message-{batch_size}"
+    make_service("noop", name=name, batch_size=batch_size)
+    purge_test_queues(service_queues(name))
+    tenant, _ = make_tenant()
+    requests = [
+        prepare(tenant, service_name=name, payload={"texts": [f"t{i}"]}, priority="batch")
+        for i in range(100)
+    ]
+
+    jobs = accept(tenant, requests)
+
+    queue = tier_queue(name, "batch")
+    assert ready_message_counts([queue]) == {queue: messages}
+    published = Job.objects.filter(pk__in=[j.pk for j in jobs], published_at__isnull=False)
+    assert published.count() == 100
