@@ -108,6 +108,17 @@ def purge_test_queues(names: list[str] | None = None) -> None:
             channel.queue_purge(name)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _outcome_writer_session_closed(django_db_setup, django_db_blocker):
+    """The GPU loop's store thread keeps its Postgres session between batches, as a worker
+    does: close it before the test database is dropped, which an open session would stop."""
+    yield
+    from inference.workers.gpu import close_outcome_writer_connection
+
+    with django_db_blocker.unblock():
+        close_outcome_writer_connection()
+
+
 @pytest.fixture(autouse=True)
 def _fresh_redis():
     from renq_site.shared_redis import shared_redis

@@ -5,9 +5,10 @@ Called by the thin `inference.run_job` task with the job ids of one message. The
 the first BatchWindow; the runner fills it from the service's tier queues (TierQueueReader:
 realtime first, then weighted share) until it closes, claims the jobs atomically in Postgres,
 and hands the batch to the model. While that forward pass runs (in a thread: torch releases
-the GIL), the main thread forms and claims the next batch and stores the previous one's
-outcomes; the forward passes themselves run one after another. The loop goes on while work
-is waiting, for at most DRAIN_LIMIT_S, then the task returns and Celery acks the seed.
+the GIL), the main thread forms and claims the next batch and the store thread writes the
+previous one's outcomes; the forward passes themselves run one after another. The loop goes
+on while work is waiting, for at most DRAIN_LIMIT_S, then the task returns and Celery acks
+the seed.
 
 Preemption happens between forward passes: before starting a batch of non-realtime work that
 was formed during the previous pass, the runner looks for realtime work and runs it first. A
@@ -20,6 +21,8 @@ stored.
 
 A message is acked only once every job it carries has its outcome stored; on any error the
 unacked messages go back to their queues, and their jobs' claims are taken over on redelivery.
+The store thread only writes (in Postgres, on its own connection); the main thread acks, when
+the write is done, on its own broker channel, and at most one write is in flight.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from django.conf import settings
+from django.db import connections
 from django.utils import timezone
 
 from inference import metrics
@@ -64,6 +68,7 @@ from inference.workers.tier_reader import (
     ReaderPool,
     WeightedShare,
 )
+from renq_site.db_sessions import close_old_connections_checked_once_a_second
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +95,12 @@ MIN_DECODE_STEPS = 8
 
 # The configuration change marker, read before a batch at most as often as the web's caches do.
 _settings_watcher = ConfigWatcher(min_interval_s=RECHECK_INTERVAL_S)
+
+# Writes batches' outcomes while the main thread forms and claims the next batch: one per
+# process, so the worker holds one more Postgres session, not one per task. (Storing on the
+# main thread put each store between two claims: with a fast model the loop was a serial chain
+# of broker and Postgres round trips, a quarter of it waiting for the store's UPDATE.)
+_outcome_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
 
 
 def engine_payload(job: Job) -> dict:
@@ -182,6 +193,34 @@ class WindowPolls:
         self.quiet.update(
             t for t in self.last_empty if t != Tier.REALTIME and t not in self.supplied
         )
+
+
+@dataclass
+class Storing:
+    """A batch whose finished outcomes the store thread is writing."""
+
+    outcomes: list[Outcome]  # the whole pass's, for the statistics
+    finished: list[Outcome]
+    write: Future | None  # of write_outcomes; None when the pass finished no job
+
+
+def write_outcomes(by_claim: list[tuple[Claim, list[Outcome]]]) -> list[Outcome]:
+    """On the store thread: the outcomes of one batch, a claim's at a time (routed jobs'
+    attempts recorded and failures handed on first). Returns what was stored."""
+    # What the main thread's task start does for its connection: a session broken since
+    # (a Postgres restart) is replaced here, not kept failing every later batch.
+    close_old_connections_checked_once_a_second()
+    stored = []
+    for claim, outcomes in by_claim:
+        settled = settle_local_outcomes(claim.token, outcomes, claim.route_backend_ids)
+        Job.objects.store_outcomes(claim.token, settled)
+        stored += settled
+    return stored
+
+
+def close_outcome_writer_connection() -> None:
+    """Close the store thread's Postgres session (before the database it is on is dropped)."""
+    _outcome_writer.submit(connections.close_all).result()
 
 
 class BatchRunner:
@@ -282,10 +321,19 @@ class _Drain:
         self.max_run_s = pass_target_s(service)
         self.pull_until = time.monotonic() + DRAIN_LIMIT_S
         self.started_at = 0.0
+        self.storing: Storing | None = None
 
     # --- the loop ---------------------------------------------------------------------------
 
     def run(self) -> None:
+        try:
+            self.drain()
+        finally:
+            # The last batch's outcomes are stored and its messages acked before the task
+            # returns, or, after an error, before the unacked rest go back to their queues.
+            self.stored()
+
+    def drain(self) -> None:
         batch = self.form()
         running: tuple[list[Held], Future] | None = None
         if batch:
@@ -305,7 +353,8 @@ class _Drain:
                 upcoming = self.form()  # what it left unfinished; what arrived since the form
             upcoming = self.realtime_first(upcoming)
             running = (upcoming, self.start(upcoming)) if upcoming else None
-            # While the next batch runs: store this one's outcomes, ack finished messages.
+            # While the next batch runs: this one's outcomes go to the store thread (once the
+            # one before is stored and its finished messages acked).
             self.store(held, outcomes)
 
     def wait_until_due(self, batch: list[Held], future: Future) -> None:
@@ -604,18 +653,14 @@ class _Drain:
     # --- storing ----------------------------------------------------------------------------
 
     def store(self, batch: list[Held], outcomes: list[Outcome]) -> None:
+        """Hand the pass's finished outcomes to the store thread. The cost model learns from
+        the pass now: the next batches are sized on it."""
         self.report.tiers = sorted(set(self.report.tiers) | {h.job.tier for h in batch})
-        self.store_finished(batch, outcomes)
-        # Statistics after the outcomes: a job is finished before its batch is counted.
         if outcomes[0].inference_ms is not None and outcomes[0].batch_size == len(batch):
             self.cost_model.observe_batch(
                 outcomes[0].inference_ms / 1000, sum(o.tokens for o in outcomes)
             )
-        metrics.observe_batch(self.service, outcomes)
-        record_local_throughput(outcomes)
-
-    def store_finished(self, batch: list[Held], outcomes: list[Outcome]) -> None:
-        report = self.report
+        self.stored()
         # Generations left unfinished went back to the line (carry_on); the rest are stored,
         # with what their earlier passes took.
         finished = [
@@ -623,31 +668,39 @@ class _Drain:
             for held, outcome in zip(batch, outcomes, strict=True)
             if not left_unfinished(outcome)
         ]
-        if not finished:
-            return
-        batch = [held for held, _ in finished]
-        outcomes = [outcome for _, outcome in finished]
-        for outcome in outcomes:
+        by_claim: dict = {}
+        for held, outcome in finished:
             if outcome.result and "first_token_ms" in outcome.result:
                 metrics.observe_time_to_first_token(
                     self.service.name, outcome.result["first_token_ms"] / 1000
                 )
-        by_claim: dict = {}
-        for held, outcome in zip(batch, outcomes, strict=True):
             by_claim.setdefault(held.claim.token, (held.claim, []))[1].append(outcome)
-        for token, (claim, token_outcomes) in by_claim.items():
-            # Routed jobs: record local attempts, hand failures to the next fallback.
-            settled = settle_local_outcomes(token, token_outcomes, claim.route_backend_ids)
-            Job.objects.store_outcomes(token, settled)
-            dead = [o.job.pk for o in settled if o.result is None and o.dead_letter]
+        write = (
+            _outcome_writer.submit(write_outcomes, list(by_claim.values())) if finished else None
+        )
+        self.storing = Storing(outcomes, [outcome for _, outcome in finished], write)
+
+    def stored(self) -> None:
+        """Wait for the batch being stored (its error raises here), then ack the messages
+        whose every job is now stored and count the batch."""
+        storing, self.storing = self.storing, None
+        if storing is None:
+            return
+        if storing.write is not None:
+            stored = storing.write.result()
+            dead = [o.job.pk for o in stored if o.result is None and o.dead_letter]
             if dead:
                 dead_letter(dead, "the model raised on this job's input")
-        report.ran += sum(o.result is not None for o in outcomes)
-        report.failed += sum(o.result is None for o in outcomes)
-        self.failed_ids |= {str(o.job.pk) for o in outcomes if o.result is None}
-        # Outcomes are stored: only now may RabbitMQ forget the messages.
-        acked = self.ledger.finished({str(h.job.pk) for h in batch})
-        self.runner._settle(self.service.name, acked, ack=True)
+            report = self.report
+            report.ran += sum(o.result is not None for o in storing.finished)
+            report.failed += sum(o.result is None for o in storing.finished)
+            self.failed_ids |= {str(o.job.pk) for o in storing.finished if o.result is None}
+            # Outcomes are stored: only now may RabbitMQ forget the messages.
+            acked = self.ledger.finished({str(o.job.pk) for o in storing.finished})
+            self.runner._settle(self.service.name, acked, ack=True)
+        # Statistics after the outcomes: a job is finished before its batch is counted.
+        metrics.observe_batch(self.service, storing.outcomes)
+        record_local_throughput(storing.outcomes)
 
     def whole(self, held: Held, outcome: Outcome) -> Outcome:
         """The outcome of a generation over all of its passes (its last one's otherwise)."""

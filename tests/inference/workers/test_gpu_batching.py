@@ -258,6 +258,56 @@ def test_the_next_batch_is_claimed_before_the_running_pass_ends_when_the_predict
         assert claimed < pass_ended, (claimed - pass_ended, [len(p) for p in ordered])
 
 
+def test_the_next_batches_run_while_the_store_thread_writes_the_last_ones_outcomes(
+    make_tenant, make_service, monkeypatch
+):
+    # Postgres takes 300 ms to store each batch's outcomes. The loop does not wait for that
+    # write before forming, claiming and running the batch after next (storing on the loop's
+    # own thread, it did), and every message is still acked once its jobs are stored.
+    from inference.publishing import ready_message_counts
+    from inference.queues import service_queues, tier_queue
+    from inference.transitions import JobQuerySet
+    from inference.workers import gpu
+    from tests.conftest import in_process_readers, purge_test_queues
+
+    service = make_service(
+        "noop", name="store-behind", batch_size=2, batch_timeout=0.01, preemption_budget_s=10
+    )
+    purge_test_queues(service_queues("store-behind"))
+    store = JobQuerySet.store_outcomes
+
+    def slow_store(self, token, outcomes):
+        time.sleep(0.3)
+        return store(self, token, outcomes)
+
+    monkeypatch.setattr(JobQuerySet, "store_outcomes", slow_store)
+    tenant, _ = make_tenant()
+    jobs = [
+        Job.objects.create(
+            tenant=tenant, service=service, tier="batch", input={"texts": ["x"], "sleep_ms": 20}
+        )
+        for _ in range(8)
+    ]
+    _publish(jobs[1:])
+    with in_process_readers("store-behind") as readers:
+        report = gpu.BatchRunner(readers).run(
+            [str(jobs[0].pk)], seed_redelivered=False, seed_tier="batch"
+        )
+
+    done = Job.objects.filter(pk__in=[j.pk for j in jobs])
+    assert {j.status for j in done} == {JobStatus.SUCCEEDED}
+    assert report["ran"] == 8
+    passes: dict = {}
+    for job in done:
+        passes.setdefault(job.started_at, []).append(job)
+    ordered = [passes[t] for t in sorted(passes)]
+    assert [len(p) for p in ordered] == [2, 2, 2, 2]
+    for stored, after_next in zip(ordered[:-2], ordered[2:], strict=True):
+        assert after_next[0].started_at < min(j.finished_at for j in stored)
+    queue = tier_queue("store-behind", "batch")
+    assert ready_message_counts([queue]) == {queue: 0}  # acked, none handed back
+
+
 def _form_one_batch_counting_asks(service, jobs) -> tuple[list, list[str]]:
     """Publish the jobs, form one batch in this process as a worker would, and return it with
     the tier of each broker ask (basic.get) the forming made, in order."""

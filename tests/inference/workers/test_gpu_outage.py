@@ -68,7 +68,7 @@ class BrokenReader(FakeReader):
         raise ConnectionResetError(104, "Connection reset by peer")
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # the loop stores outcomes on its own connection
 def test_a_claimed_job_still_runs_when_the_reader_broke_while_forming(make_service, make_tenant):
     # After a RabbitMQ restart the first task's reader is dead. Its seed, a batch-tier job,
     # waits for its tier's turn; the failed pull dropped it with the window, and the task
