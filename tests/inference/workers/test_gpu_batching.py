@@ -216,35 +216,29 @@ def test_waiting_messages_are_claimed_together_not_one_by_one(make_tenant, make_
     assert {j.batch_size for j in done} == {12}
 
 
-def test_the_next_batch_is_claimed_before_the_running_pass_ends_when_the_prediction_runs_long(
-    make_tenant, make_service, monkeypatch
-):
-    # A backlog of 200 ms jobs, two to a pass (400 ms), with a cost model predicting 1.5 ×
-    # that. Each next batch must be pulled and claimed while the pass before it still runs,
-    # or the model waits for it between passes.
-    from inference.cost_model import BatchCost, BatchCostModel
+def _eight_jobs_in_two_job_passes(make_tenant, service, *, sleep_ms: int) -> tuple[dict, list]:
+    """Eight batch jobs of the service (batch_size 2) that sleep `sleep_ms` each, run by one
+    in-process task: its report and the passes, in order, each a list of its jobs."""
     from inference.queues import service_queues
     from inference.workers import gpu
     from tests.conftest import in_process_readers, purge_test_queues
 
-    service = make_service(
-        "noop", name="form-early", batch_size=2, batch_timeout=0.01, preemption_budget_s=10
-    )
-    purge_test_queues(service_queues("form-early"))
-    over = BatchCost(per_token_s=0.0015, per_batch_s=0.0, samples=100)  # noop: 1 token per ms
-    monkeypatch.setattr(BatchCostModel, "current", lambda self: over)
-    monkeypatch.setattr(gpu, "DRAIN_LIMIT_S", 5.0)
+    purge_test_queues(service_queues(service.name))
     tenant, _ = make_tenant()
     jobs = [
         Job.objects.create(
-            tenant=tenant, service=service, tier="batch", input={"texts": ["x"], "sleep_ms": 200}
+            tenant=tenant,
+            service=service,
+            tier="batch",
+            input={"texts": ["x"], "sleep_ms": sleep_ms},
         )
         for _ in range(8)
     ]
     _publish(jobs[1:])
-    with in_process_readers("form-early") as readers:
-        gpu.BatchRunner(readers).run([str(jobs[0].pk)], seed_redelivered=False, seed_tier="batch")
-
+    with in_process_readers(service.name) as readers:
+        report = gpu.BatchRunner(readers).run(
+            [str(jobs[0].pk)], seed_redelivered=False, seed_tier="batch"
+        )
     done = Job.objects.filter(pk__in=[j.pk for j in jobs])
     assert {j.status for j in done} == {JobStatus.SUCCEEDED}
     passes: dict = {}
@@ -252,6 +246,27 @@ def test_the_next_batch_is_claimed_before_the_running_pass_ends_when_the_predict
         passes.setdefault(job.started_at, []).append(job)
     ordered = [passes[t] for t in sorted(passes)]
     assert [len(p) for p in ordered] == [2, 2, 2, 2]
+    return report, ordered
+
+
+def test_the_next_batch_is_claimed_before_the_running_pass_ends_when_the_prediction_runs_long(
+    make_tenant, make_service, monkeypatch
+):
+    # A backlog of 200 ms jobs, two to a pass (400 ms), with a cost model predicting 1.5 ×
+    # that. Each next batch must be pulled and claimed while the pass before it still runs,
+    # or the model waits for it between passes.
+    from inference.cost_model import BatchCost, BatchCostModel
+    from inference.workers import gpu
+
+    service = make_service(
+        "noop", name="form-early", batch_size=2, batch_timeout=0.01, preemption_budget_s=10
+    )
+    over = BatchCost(per_token_s=0.0015, per_batch_s=0.0, samples=100)  # noop: 1 token per ms
+    monkeypatch.setattr(BatchCostModel, "current", lambda self: over)
+    monkeypatch.setattr(gpu, "DRAIN_LIMIT_S", 5.0)
+
+    _, ordered = _eight_jobs_in_two_job_passes(make_tenant, service, sleep_ms=200)
+
     for running, following in zip(ordered[:-1], ordered[1:], strict=True):
         pass_ended = running[0].started_at.timestamp() + running[0].inference_ms / 1000
         claimed = max(j.claimed_at.timestamp() for j in following)
@@ -265,15 +280,12 @@ def test_the_next_batches_run_while_the_store_thread_writes_the_last_ones_outcom
     # write before forming, claiming and running the batch after next (storing on the loop's
     # own thread, it did), and every message is still acked once its jobs are stored.
     from inference.publishing import ready_message_counts
-    from inference.queues import service_queues, tier_queue
+    from inference.queues import tier_queue
     from inference.transitions import JobQuerySet
-    from inference.workers import gpu
-    from tests.conftest import in_process_readers, purge_test_queues
 
     service = make_service(
         "noop", name="store-behind", batch_size=2, batch_timeout=0.01, preemption_budget_s=10
     )
-    purge_test_queues(service_queues("store-behind"))
     store = JobQuerySet.store_outcomes
 
     def slow_store(self, token, outcomes):
@@ -281,27 +293,10 @@ def test_the_next_batches_run_while_the_store_thread_writes_the_last_ones_outcom
         return store(self, token, outcomes)
 
     monkeypatch.setattr(JobQuerySet, "store_outcomes", slow_store)
-    tenant, _ = make_tenant()
-    jobs = [
-        Job.objects.create(
-            tenant=tenant, service=service, tier="batch", input={"texts": ["x"], "sleep_ms": 20}
-        )
-        for _ in range(8)
-    ]
-    _publish(jobs[1:])
-    with in_process_readers("store-behind") as readers:
-        report = gpu.BatchRunner(readers).run(
-            [str(jobs[0].pk)], seed_redelivered=False, seed_tier="batch"
-        )
 
-    done = Job.objects.filter(pk__in=[j.pk for j in jobs])
-    assert {j.status for j in done} == {JobStatus.SUCCEEDED}
+    report, ordered = _eight_jobs_in_two_job_passes(make_tenant, service, sleep_ms=20)
+
     assert report["ran"] == 8
-    passes: dict = {}
-    for job in done:
-        passes.setdefault(job.started_at, []).append(job)
-    ordered = [passes[t] for t in sorted(passes)]
-    assert [len(p) for p in ordered] == [2, 2, 2, 2]
     for stored, after_next in zip(ordered[:-2], ordered[2:], strict=True):
         assert after_next[0].started_at < min(j.finished_at for j in stored)
     queue = tier_queue("store-behind", "batch")
