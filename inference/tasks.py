@@ -30,6 +30,7 @@ from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool, message_job
 from inference.workers.warmup import warm_engines_for_consumed_queues
 from renq_site.celery import app
 from renq_site.db_sessions import close_old_connections_checked_once_a_second
+from renq_site.garbage_collection import freeze_startup_objects
 
 logger = logging.getLogger(__name__)
 
@@ -127,6 +128,8 @@ def _close_unusable_or_old_connections(**_kwargs) -> None:
 def _warm_worker_process(**_kwargs) -> None:
     keep_off_model_cores()  # before this process starts its threads (they inherit it)
     warm_engines_for_consumed_queues()
+    # Last: the engines loaded above live as long as the process.
+    freeze_startup_objects()
 
 
 @worker_process_shutdown.connect

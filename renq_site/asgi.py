@@ -13,7 +13,9 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
 django.setup(set_prefix=False)  # before the handlers' imports load models
 
+import renq_site.urls  # noqa: E402, F401  (the views load now, not on the first request)
 from inference.openai_api.asgi import FrontDoorHandler  # noqa: E402
+from renq_site.garbage_collection import freeze_startup_objects  # noqa: E402
 from renq_site.request_lanes import LanedASGIHandler  # noqa: E402
 
 # Connections stay open (CONN_MAX_AGE) on a bounded set of threads per process: the lanes
@@ -22,6 +24,9 @@ django_application = LanedASGIHandler()
 
 FRONT_DOOR_PREFIX = "/v1/"
 front_door = FrontDoorHandler()
+
+# Last: what the process loaded to serve lives as long as it does.
+freeze_startup_objects()
 
 
 async def application(scope, receive, send):
