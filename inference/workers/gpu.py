@@ -334,7 +334,11 @@ class _Drain:
             self.stored()
 
     def drain(self) -> None:
-        batch = self.form()
+        # A realtime seed starts its pass at once: realtime work waiting beside it is pulled
+        # while that pass runs, for the next one. At idle there is none, and looking for it
+        # first put a broker round trip and a cost-model read between claim and pass.
+        realtime_seed = any(self.item(held).realtime for held in self.pending)
+        batch = self.form(company=not realtime_seed)
         running: tuple[list[Held], Future] | None = None
         if batch:
             running = (batch, self.start(batch))
@@ -452,13 +456,16 @@ class _Drain:
             if fresh is not None:
                 self.service = fresh
                 self.max_run_s = pass_target_s(fresh)
-        cost = self.cost_model.current()
         return BatchWindow(
             max_jobs=self.service.batch_size,
             timeout_s=self.service.batch_timeout,
             max_tokens=self.service.max_total_tokens,
             max_run_s=self.max_run_s,
-            predict_s=lambda tokens: cost.predict_s(tokens, padding_ratio=self.padding),
+            # Read when a prediction is first needed (a Redis round trip, then reused for
+            # COST_MODEL_REUSE_S): a realtime seed's first window needs none.
+            predict_s=lambda tokens: self.cost_model.current().predict_s(
+                tokens, padding_ratio=self.padding
+            ),
         )
 
     def item(self, held: Held, tokens: int | None = None) -> BatchItem:
@@ -490,10 +497,12 @@ class _Drain:
         steps = max(MIN_DECODE_STEPS, limit - context)
         return steps if steps < left else None
 
-    def form(self, *, only_realtime: bool = False, pull: bool = False) -> list[Held]:
+    def form(
+        self, *, only_realtime: bool = False, pull: bool = False, company: bool = True
+    ) -> list[Held]:
         """The front of the line first, then claimed jobs and the tier queues by the weighted
         share, until the window closes. Past the drain limit only claimed jobs are formed,
-        unless `pull` (realtime work)."""
+        unless `pull` (realtime work); without `company`, only the front of the line."""
         window = self.new_window()
         while self.pending:
             held = self.pending[0]
@@ -502,7 +511,7 @@ class _Drain:
             if not window.offer(self.item(held), arrived_at=held.job.created_at.timestamp()):
                 break
             self.pending.popleft()
-        may_pull = self.pulling or (pull and self.reader is not None)
+        may_pull = company and (self.pulling or (pull and self.reader is not None))
         try:
             self.fill(window, only_realtime=only_realtime, may_pull=may_pull)
         except BROKER_ERRORS:
@@ -654,12 +663,9 @@ class _Drain:
 
     def store(self, batch: list[Held], outcomes: list[Outcome]) -> None:
         """Hand the pass's finished outcomes to the store thread. The cost model learns from
-        the pass now: the next batches are sized on it."""
+        the pass now, once the write is under way (its update is a Redis round trip that held
+        up an idle realtime job's result): the next batches are sized on it."""
         self.report.tiers = sorted(set(self.report.tiers) | {h.job.tier for h in batch})
-        if outcomes[0].inference_ms is not None and outcomes[0].batch_size == len(batch):
-            self.cost_model.observe_batch(
-                outcomes[0].inference_ms / 1000, sum(o.tokens for o in outcomes)
-            )
         self.stored()
         # Generations left unfinished went back to the line (carry_on); the rest are stored,
         # with what their earlier passes took.
@@ -679,6 +685,10 @@ class _Drain:
             _outcome_writer.submit(write_outcomes, list(by_claim.values())) if finished else None
         )
         self.storing = Storing(outcomes, [outcome for _, outcome in finished], write)
+        if outcomes[0].inference_ms is not None and outcomes[0].batch_size == len(batch):
+            self.cost_model.observe_batch(
+                outcomes[0].inference_ms / 1000, sum(o.tokens for o in outcomes)
+            )
 
     def stored(self) -> None:
         """Wait for the batch being stored (its error raises here), then ack the messages

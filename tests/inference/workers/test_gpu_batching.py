@@ -99,6 +99,84 @@ def test_realtime_job_skips_the_batch_window(celery_worker_process, make_tenant,
     assert job.finished_at - job.created_at < _s(1.5)  # the window would hold it 3 s
 
 
+def test_a_realtime_seed_runs_at_once_and_the_realtime_jobs_beside_it_run_next(
+    make_tenant, make_service, monkeypatch
+):
+    # Nothing stands between a realtime job's claim and its pass: no broker ask for company
+    # and no cost-model read (each a round trip on an idle P0 job's path). Realtime work that
+    # is waiting beside it is pulled while its pass runs, and runs in the next pass.
+    from inference.cost_model import BatchCostModel
+    from inference.queues import service_queues
+    from inference.workers import gpu
+    from inference.workers.tier_reader import TierQueueReader
+    from tests.conftest import in_process_readers, purge_test_queues
+
+    service = make_service("noop", name="realtime-seed", batch_size=8, batch_timeout=0.5)
+    purge_test_queues(service_queues(service.name))
+    tenant, _ = make_tenant()
+    jobs = _jobs(tenant, service, 4, tier="realtime")
+    _publish(jobs[1:])
+
+    events: list[str] = []
+    for owner, name, event in (
+        (TierQueueReader, "get", "ask"),
+        (BatchCostModel, "current", "cost"),
+        (gpu, "forward_pass", "pass"),
+    ):
+        original = getattr(owner, name)
+
+        def recorded(*args, _original=original, _event=event, **kwargs):
+            events.append(_event)
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(owner, name, recorded)
+    monkeypatch.setattr(gpu, "DRAIN_LIMIT_S", 2.0)
+
+    with in_process_readers(service.name) as readers:
+        gpu.BatchRunner(readers).run(
+            [str(jobs[0].pk)], seed_redelivered=False, seed_tier="realtime"
+        )
+
+    assert events.index("pass") == 0, events
+    done = {j.pk: j for j in Job.objects.filter(pk__in=[j.pk for j in jobs])}
+    assert {j.status for j in done.values()} == {JobStatus.SUCCEEDED}
+    assert done[jobs[0].pk].batch_size == 1
+    assert {done[j.pk].batch_size for j in jobs[1:]} == {3}
+
+
+def test_a_pass_outcomes_are_being_written_while_the_cost_model_learns_from_it(
+    make_tenant, make_service, monkeypatch
+):
+    # The cost model's update is a Redis round trip; here it takes 300 ms. The job's result
+    # is stored during it, not after it (an idle realtime job waited for that round trip).
+    from datetime import UTC, datetime
+
+    from inference.cost_model import BatchCostModel
+    from inference.queues import service_queues
+    from inference.workers import gpu
+    from tests.conftest import in_process_readers, purge_test_queues
+
+    service = make_service("noop", name="store-first", batch_size=8, batch_timeout=0.01)
+    purge_test_queues(service_queues(service.name))
+    tenant, _ = make_tenant()
+    (job,) = _jobs(tenant, service, 1, tier="realtime")
+    learned_at: list[datetime] = []
+    observe = BatchCostModel.observe_batch
+
+    def slow_observe(self, elapsed_s, tokens):
+        time.sleep(0.3)
+        observe(self, elapsed_s, tokens)
+        learned_at.append(datetime.now(UTC))
+
+    monkeypatch.setattr(BatchCostModel, "observe_batch", slow_observe)
+    with in_process_readers(service.name) as readers:
+        gpu.BatchRunner(readers).run([str(job.pk)], seed_redelivered=False, seed_tier="realtime")
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED
+    assert job.finished_at < learned_at[0], (job.finished_at, learned_at)
+
+
 def test_realtime_jobs_are_served_before_queued_offline_work(
     celery_worker_process, make_tenant, make_service
 ):
