@@ -154,3 +154,64 @@ def test_a_mixed_batch_stored_twice_records_one_completion_per_job(make_tenant, 
     }
     completions = AuditEvent.objects.filter(job_id__in=[j.pk for j in jobs], kind="completed")
     assert sorted(str(e.job_id) for e in completions) == sorted(str(j.pk) for j in jobs)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_of_its_own_commits_asynchronously_and_nothing_else_does(make_tenant, make_service):
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    # The claim does not wait for the WAL flush (a lost claim is recovered, see the next
+    # test), but the setting ends with the claim's own transaction: the session's other
+    # writes, and a claim inside a caller's transaction, stay synchronous.
+    tenant, _ = make_tenant()
+    service = make_service("noop", name="claim-async")
+    alone, inside = _job(tenant, service), _job(tenant, service)
+
+    def setting() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('synchronous_commit')")
+            return cursor.fetchone()[0]
+
+    with CaptureQueriesContext(connection) as queries:
+        assert len(Job.objects.claim([alone.pk], worker="w").jobs) == 1
+    assert "synchronous_commit TO off" in queries[0]["sql"]
+    assert setting() == "on"
+
+    with transaction.atomic(), CaptureQueriesContext(connection) as queries:
+        assert len(Job.objects.claim([inside.pk], worker="w").jobs) == 1
+        assert setting() == "on"
+    assert not any("SET LOCAL" in q["sql"] for q in queries)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_a_postgres_crash_undid_still_runs_its_job(make_tenant, make_service):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from inference.publishing import publish
+    from inference.queues import service_queues
+    from inference.workers.sweeper import LOST_MESSAGE_AFTER_S, republish_lost_messages
+    from tests.conftest import purge_test_queues
+
+    tenant, _ = make_tenant()
+    service = make_service("noop", name="claim-undone")
+    job = _job(tenant, service)
+    assert publish(job)
+    claim = Job.objects.claim([job.pk], worker="w")
+    # What a crash before the WAL flush leaves: the claim never happened...
+    Job.objects.filter(pk=job.pk).update(
+        status=JobStatus.QUEUED, claim_token=None, claimed_at=None, attempts=0, worker=""
+    )
+    # ...while the worker ran the job, stored under the lost token and acked its message.
+    outcome = Outcome(job=claim.jobs[0], result={"ok": True}, inference_ms=1.0)
+    assert Job.objects.store_outcomes(claim.token, [outcome]) == 0
+    purge_test_queues(service_queues(service.name))
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED
+
+    later = timezone.now() + timedelta(seconds=LOST_MESSAGE_AFTER_S + 1)
+    assert republish_lost_messages(now=later) == 1
+    assert len(Job.objects.claim([job.pk], worker="w2").jobs) == 1
+    purge_test_queues(service_queues(service.name))
