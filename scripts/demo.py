@@ -275,8 +275,11 @@ def print_cascade(jobs: list[dict]) -> None:
         )
         path = path or f"(no attempt: {job['status']})"
         paths[(job["service"], path)] += 1
-        if len(attempts) > 1:
-            example.setdefault(path, (attempts[0]["error"], job.get("route_reason") or ""))
+        failures = [a["error"] for a in attempts if a["outcome"] != "succeeded"]
+        if len(attempts) > 1 and failures:
+            # The first failure's reason (a job whose first attempt succeeded and whose worker
+            # died before storing it printed an empty one).
+            example.setdefault(path, (failures[0], job.get("route_reason") or ""))
     print(f"\n{'service':<10} {'jobs':>5}  path through the cascade (attempts table)")
     for (service, path), count in sorted(paths.items(), key=lambda kv: (kv[0][0], -kv[1])):
         print(f"{service:<10} {count:>5}  {path}")
