@@ -12,7 +12,6 @@ import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -22,12 +21,13 @@ from django.utils import timezone
 
 from inference.admission import QueueCapacityCheck, check_running_jobs, reserve_counters
 from inference.audit import receipts, record_event
+from inference.group_commit import GroupCommit
 from inference.inputs import InputError, check_storable_text
 from inference.kinds import kind_of, validate_input
 from inference.lookups import active_service, forget_all
 from inference.models import Job, JobStatus, Service, Tenant
 from inference.placement import routes_on_submit
-from inference.publishing import publish_many_on_commit
+from inference.publishing import publish_many, publish_many_on_commit
 from inference.row_writer import insert_statements, mark_saved, run_in_one_round_trip
 from inference.tiers import TIER_NAMES, Tier
 
@@ -38,6 +38,17 @@ MAX_IDEMPOTENCY_KEY_CHARS = 200
 MAX_DEADLINE_MS = 7 * 24 * 3600 * 1000
 # Most jobs in one POST /api/v1/jobs list.
 MAX_JOBS_PER_REQUEST = 1000
+
+
+def _publish_submitted(jobs: Sequence[Job]) -> None:
+    if len({job.tier for job in jobs}) > 1:
+        # A group's realtime jobs first: their confirm does not wait behind the other tiers'.
+        jobs = sorted(jobs, key=lambda job: Tier(job.tier).rank)
+    publish_many(jobs, counted_on=True)
+
+
+# Submissions made at the same time by this process's threads commit and publish together.
+_group_commit = GroupCommit(run_in_one_round_trip, _publish_submitted)
 
 
 def resolve_service(name: Any) -> Service:
@@ -192,18 +203,22 @@ def accept(
         # transaction (the caller's, or PostgreSQL's implicit one for the query string).
         statements = [s for c in checks if (s := c.statement()) is not None]
         statements += insert_statements(created, receipt_rows, routes)
+        # published_at is set at INSERT (no UPDATE per job after the confirm); a failed
+        # publish clears it for the outbox.
         try:
-            with transaction.atomic() if connection.in_atomic_block else nullcontext():
-                run_in_one_round_trip(statements)
+            if connection.in_atomic_block:
+                # In a caller's transaction: a savepoint, and the publish at its commit.
+                with transaction.atomic():
+                    run_in_one_round_trip(statements)
+                publish_many_on_commit(created, counted_on=True)
+            else:
+                _group_commit.submit(statements, created, lock_order=tuple(sorted(by_service)))
         except DatabaseError as exc:
             refusal = next((r for c in checks if (r := c.refusal(exc)) is not None), None)
             if refusal is not None:
                 raise refusal from None
             raise
         mark_saved(created, receipt_rows, routes)
-        # published_at is set at INSERT (no UPDATE per job after the confirm); a failed
-        # publish clears it for the outbox. Inside a caller's transaction: at its commit.
-        publish_many_on_commit(created, counted_on=True)
     except BaseException:
         for reservation in reservations:
             reservation.release()

@@ -1,0 +1,147 @@
+"""Group commit for the submit path: submissions that reach one process at the same time share
+one round trip to PostgreSQL (one transaction, one WAL flush) and one publish.
+
+A single-job POST paid a commit (a WAL flush), a publish and its confirm of its own; with many
+clients each posting one job, those per-request costs were most of the stack's CPU per job.
+Here the first submission to arrive while none is committing leads: it commits its own
+statements, and whatever arrived while it did is committed next, together, by the next
+leader. Nothing waits for a group to fill (an idle process commits each submission at once,
+as before); a group is what piled up during one round trip, so it grows with the load.
+
+A group is one implicit transaction: it commits whole or not at all. When it fails (a queue
+full, an Idempotency-Key taken, Postgres away), every member runs its own statements alone,
+so each gets exactly the answer it would have got without the group. Members go in order of
+the services they lock (their queue-capacity checks take each service's advisory lock), so two
+groups never take two services' locks in opposite orders; a member's own statements stay in
+their order, so its capacity check counts the jobs of the members before it.
+
+The jobs of a committed group are published together (jobs bound for one tier queue share a
+message), and every member returns after that publish, as it would have alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+
+from inference.models import Job
+
+logger = logging.getLogger(__name__)
+
+# Most submissions one group commits (its query string grows with them).
+MAX_GROUP_SUBMISSIONS = 32
+# A submission of more jobs commits alone: it already pays its round trips once for many jobs,
+# and in a group it would wait for the others' messages to be published and confirmed one
+# after another (100 jobs per POST: 5,115 -> 4,313 accepted jobs/s grouped).
+MAX_GROUPED_JOBS = 8
+
+Statements = Sequence[tuple[str, list]]
+
+
+class _Submission:
+    __slots__ = ("statements", "jobs", "lock_order", "done", "outcome")
+
+    def __init__(self, statements: Statements, jobs: Sequence[Job], lock_order: tuple):
+        self.statements, self.jobs, self.lock_order = statements, jobs, lock_order
+        self.done = threading.Event()
+        self.outcome = ""  # "committed", "alone" (run your own statements) or "lead"
+
+
+class GroupCommit:
+    """Commits and publishes submissions of one process, grouping those that arrive together.
+
+    `execute(statements)` runs statements in one round trip as one transaction (raising a
+    DatabaseError rolls them all back); `publish(jobs)` publishes committed jobs and does not
+    raise (a failed publish is the outbox's)."""
+
+    def __init__(
+        self,
+        execute: Callable[[Statements], None],
+        publish: Callable[[Sequence[Job]], object],
+        max_group: int = MAX_GROUP_SUBMISSIONS,
+    ):
+        self._execute, self._publish, self._max_group = execute, publish, max_group
+        self._reset()
+
+    def _reset(self) -> None:
+        self._pid = os.getpid()
+        self._lock = threading.Lock()
+        self._waiting: list[_Submission] = []
+        self._leading = False
+        self.groups_committed = 0  # for tests and the bench: groups of two or more
+
+    def submit(self, statements: Statements, jobs: Sequence[Job], lock_order: tuple = ()) -> None:
+        """Commit one submission's statements and publish its jobs; returns once both are done.
+        Raises the DatabaseError its statements raise when run alone (and then nothing of it
+        was committed or published). `lock_order`: the ids of the services it locks."""
+        if self._pid != os.getpid():
+            self._reset()  # a forked child: its parent's threads are not here
+        mine = _Submission(statements, jobs, lock_order)
+        if len(jobs) > MAX_GROUPED_JOBS:
+            self._alone(mine)
+            return
+        with self._lock:
+            self._waiting.append(mine)
+            lead = not self._leading
+            self._leading = True
+        if not lead:
+            mine.done.wait()
+            if mine.outcome == "committed":
+                return
+            if mine.outcome == "alone":
+                self._alone(mine)
+                return
+            # "lead": the previous leader handed this thread the submissions waiting now.
+        self._lead(mine)
+
+    def _lead(self, mine: _Submission) -> None:
+        with self._lock:
+            group = self._waiting[: self._max_group]
+            del self._waiting[: self._max_group]
+        committed = False
+        try:
+            committed = self._commit(group, mine)
+        finally:
+            # The next group commits while this one publishes.
+            with self._lock:
+                if self._waiting:
+                    successor = self._waiting[0]
+                    successor.outcome = "lead"
+                    successor.done.set()
+                else:
+                    self._leading = False
+        if not committed:
+            self._alone(mine)
+            return
+        try:
+            self._publish([job for s in group for job in s.jobs])
+        finally:
+            for member in group:
+                if member is not mine:
+                    member.outcome = "committed"
+                    member.done.set()
+
+    def _commit(self, group: list[_Submission], mine: _Submission) -> bool:
+        """Commit the group; False if nothing of it was (each member then runs alone)."""
+        if len(group) == 1:
+            self._execute(mine.statements)  # raises to this submission's caller
+            return True
+        group.sort(key=lambda s: s.lock_order)
+        try:
+            self._execute([statement for s in group for statement in s.statements])
+        except BaseException:
+            # Nothing of the group was committed: each member finds out alone what its own
+            # statements do (a refusal, a conflict, an outage).
+            for member in group:
+                if member is not mine:
+                    member.outcome = "alone"
+                    member.done.set()
+            return False
+        self.groups_committed += 1
+        return True
+
+    def _alone(self, submission: _Submission) -> None:
+        self._execute(submission.statements)
+        self._publish(submission.jobs)
