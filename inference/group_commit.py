@@ -1,9 +1,9 @@
 """Group commit for the submit path: submissions that reach one process at the same time share
 one round trip to PostgreSQL (one transaction, one WAL flush) and one publish.
 
-A single-job POST paid a commit (a WAL flush), a publish and its confirm of its own; with many
-clients each posting one job, those per-request costs were most of the stack's CPU per job.
-Here the first submission to arrive while none is committing leads: it commits its own
+A single-job POST paid a commit (a WAL flush), a publish and its confirm of its own, in
+Postgres, RabbitMQ and the web alike, and its job travelled in a message of its own. Here the
+first submission to arrive while none is committing leads: it commits its own
 statements, and whatever arrived while it did is committed next, together, by the next
 leader. Nothing waits for a group to fill (an idle process commits each submission at once,
 as before); a group is what piled up during one round trip, so it grows with the load.
