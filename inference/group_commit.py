@@ -70,7 +70,7 @@ class GroupCommit:
         self._lock = threading.Lock()
         self._waiting: list[_Submission] = []
         self._leading = False
-        self.groups_committed = 0  # for tests and the bench: groups of two or more
+        self.groups_committed = 0  # groups of two or more (the tests read it)
 
     def submit(self, statements: Statements, jobs: Sequence[Job], lock_order: tuple = ()) -> None:
         """Commit one submission's statements and publish its jobs; returns once both are done.
