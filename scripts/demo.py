@@ -185,15 +185,21 @@ def submit_all(session: requests.Session, url: str, bodies: list[dict]) -> list[
         return body, session.post(f"{url}/api/v1/jobs", json=body, timeout=10)
 
     ids = []
+    refused: dict[tuple[int, str], list[str]] = defaultdict(list)
     with ThreadPoolExecutor(max_workers=4) as pool:
         for body, response in pool.map(submit, bodies):
             if response.status_code != 202:
-                print(
-                    f"refused {body['service']}/{body['priority']}: "
-                    f"{response.status_code} {response.text[:200]}"
-                )
+                try:
+                    reason = response.json()["error"]["message"]
+                except (ValueError, KeyError, TypeError):
+                    reason = response.text[:200]
+                key = (response.status_code, reason)
+                refused[key].append(f"{body['service']}/{body['priority']}")
                 continue
             ids.append(response.json()["id"])
+    # Admission at work (e.g. config.yaml's rate_limit): one line per reason, not per job.
+    for (status, message), jobs in refused.items():
+        print(f"refused {len(jobs)} ({', '.join(sorted(set(jobs)))}): {status} {message}")
     return ids
 
 
