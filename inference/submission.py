@@ -2,8 +2,9 @@
 
 validate (400 names the field) → admission (429 with Retry-After, a request admitted or
 refused whole) → routing decision → [queue capacity check (503) → INSERT jobs, receipts,
-routes → COMMIT]: one round trip → publish (after commit, so a worker never sees a job that
-does not exist).
+routes → COMMIT]: one round trip, shared with the submissions that arrived meanwhile
+(`inference.group_commit`) → publish (after commit, so a worker never sees a job that does
+not exist).
 """
 
 from __future__ import annotations
