@@ -337,7 +337,7 @@ class _Drain:
         # A realtime seed starts its pass at once: realtime work waiting beside it is pulled
         # while that pass runs, for the next one. At idle there is none, and looking for it
         # first put a broker round trip and a cost-model read between claim and pass.
-        realtime_seed = any(self.item(held).realtime for held in self.pending)
+        realtime_seed = any(held.job.tier == Tier.REALTIME for held in self.pending)
         batch = self.form(company=not realtime_seed)
         running: tuple[list[Held], Future] | None = None
         if batch:
