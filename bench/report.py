@@ -394,6 +394,16 @@ def _throughput_section(r: dict) -> list[str]:
         f"{raw['batch_former_texts_s']:.1f} | {raw['batch_former_texts_s'] / base:.2f} × raw "
         "batched |",
     ]
+    beside = r.get("beside_python")
+    if beside:
+        lines += [
+            f"| raw model, batches of {beside['batch']}, beside a thread running Python (as the "
+            f"worker's loop runs beside its forward passes), traced forward pass (renq's) | "
+            f"{beside['traced_texts_s']:.1f} | {beside['traced_texts_s'] / base:.2f} × raw "
+            "batched |",
+            f"| same, eager forward pass | {beside['eager_texts_s']:.1f} | "
+            f"{beside['eager_texts_s'] / base:.2f} × raw batched |",
+        ]
     if "renq_e2e" in r:
         e2e, drain, plain = r["renq_e2e"], r["renq_drain"], r["plain_celery"]
         lines += [

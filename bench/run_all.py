@@ -110,6 +110,40 @@ def bench_raw(engine, texts: list[str], batch: int) -> dict:
     }
 
 
+def bench_beside_python(engine, texts: list[str], batch: int) -> dict:
+    """The model's batched rate while another thread runs Python on the other cores, as the
+    worker's forward passes run beside its loop: with the engine's traced forward pass and
+    with the eager model it was traced from (inference.engines.traced)."""
+    batches = [[{"texts": [t]} for t in texts[i : i + batch]] for i in range(0, len(texts), batch)]
+
+    def rate() -> float:
+        stop = threading.Event()
+
+        def spin() -> None:
+            os.sched_setaffinity(0, common.STACK_CPUS)  # this thread only (Linux)
+            while not stop.is_set():
+                sum(range(1000))
+
+        spinner = threading.Thread(target=spin)
+        spinner.start()
+        try:
+            t0 = time.perf_counter()
+            for payloads in batches:
+                engine.run_batch(payloads)
+            return len(texts) / (time.perf_counter() - t0)
+        finally:
+            stop.set()
+            spinner.join()
+
+    traced = rate()
+    graph, engine.forward.graph = engine.forward.graph, None
+    try:
+        eager = rate()
+    finally:
+        engine.forward.graph = graph
+    return {"traced_texts_s": traced, "eager_texts_s": eager, "batch": batch, "n": len(texts)}
+
+
 def bench_padding(engine, texts: list[str], batch: int) -> dict:
     lengths = [engine.count_tokens({"texts": [t]}) for t in texts]
     arrival = [list(range(i, min(i + batch, len(texts)))) for i in range(0, len(texts), batch)]
@@ -326,6 +360,10 @@ def scenario_inprocess(results: dict, engine, quick: bool) -> None:
     with common.on_model_cores():
         results["raw"] = bench_raw(engine, short_texts(128 if quick else 256, seed=3), 32)
         print(results["raw"], flush=True)
+        results["beside_python"] = bench_beside_python(
+            engine, short_texts(128 if quick else 256, seed=3), 32
+        )
+        print(results["beside_python"], flush=True)
         results["padding"] = bench_padding(engine, mixed_texts(64 if quick else 128), 32)
     print(results["padding"], flush=True)
 

@@ -6,12 +6,14 @@ mean Pooling → Normalize), done with plain transformers so the worker needs no
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
-import torch.nn.functional as F
 from transformers import AutoModel, AutoTokenizer
 
 from inference.engines.base import Engine, encoder_max_length, pad_token_rows, sum_per_job
+from inference.engines.traced import trace_encoder
 
 
 class EmbeddingEngine(Engine):
@@ -32,6 +34,9 @@ class EmbeddingEngine(Engine):
         self.model.to(self.device).eval()
         self.max_length = encoder_max_length(self.model_path, self.tokenizer, self.model.config)
         self.dim = int(self.model.config.hidden_size)
+        self.forward = trace_encoder(
+            self.model, read=pooled_output, tokenize=self._tokenize, pad=self._pad
+        )
 
     def _tokenize(self, texts: list[str]) -> list[dict[str, list[int]]]:
         if not texts:
@@ -41,6 +46,9 @@ class EmbeddingEngine(Engine):
         )
         names = [name for name in ("input_ids", "token_type_ids") if name in encoded]
         return [{name: encoded[name][i] for name in names} for i in range(len(texts))]
+
+    def _pad(self, rows: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        return pad_token_rows(rows, pad_token_id=self.tokenizer.pad_token_id, device=self.device)
 
     def count_tokens(self, payload: dict) -> int:
         return sum(len(row["input_ids"]) for row in self._tokenize(list(payload["texts"])))
@@ -60,34 +68,33 @@ class EmbeddingEngine(Engine):
             owners.extend([job_index] * len(payload["texts"]))
         rows = self._tokenize(texts)
 
-        vectors: list[torch.Tensor | None] = [None] * len(rows)
+        # Few torch ops per pass, none per text: this runs on the worker's model thread, where
+        # every op gives up the GIL and waits to take it back from the loop's Python.
+        embeddings = np.empty((len(rows), self.dim), dtype="<f4")
         with torch.inference_mode():
             for bucket in self.plan_buckets([len(row["input_ids"]) for row in rows]):
-                inputs = pad_token_rows(
-                    [rows[i] for i in bucket],
-                    pad_token_id=self.tokenizer.pad_token_id,
-                    device=self.device,
-                )
-                hidden = self.model(**inputs).last_hidden_state.float()
-                pooled = mean_pool(hidden, inputs["attention_mask"]).cpu()
-                for position, unit_index in enumerate(bucket):
-                    vectors[unit_index] = pooled[position]
+                inputs = self._pad([rows[i] for i in bucket])
+                embeddings[bucket] = self.forward(inputs).cpu().numpy()
+        normalize = np.array([payloads[owner].get("normalize", True) for owner in owners], bool)
+        if normalize.any():
+            # F.normalize's arithmetic: divide by the L2 norm, at least 1e-12.
+            norms = np.linalg.norm(embeddings[normalize], axis=1, keepdims=True)
+            embeddings[normalize] /= np.maximum(norms, 1e-12)
 
-        per_job: list[list[torch.Tensor]] = [[] for _ in payloads]
-        for unit_index, vector in enumerate(vectors):
-            payload = payloads[owners[unit_index]]
-            if payload.get("normalize", True):
-                vector = F.normalize(vector, p=2, dim=0)
-            per_job[owners[unit_index]].append(vector)
-        # One float32 array per job: stored as bytes as it is (inference.vectors), never
-        # turned into Python floats on the worker.
-        return [
-            {
-                "embeddings": torch.stack(rows).numpy() if rows else np.empty((0, self.dim), "<f4"),
-                "dim": self.dim,
-            }
-            for rows in per_job
-        ]
+        # One float32 array per job (a job's texts are consecutive rows): stored as bytes as
+        # it is (inference.vectors), never turned into Python floats on the worker.
+        results = []
+        start = 0
+        for payload in payloads:
+            end = start + len(payload["texts"])
+            results.append({"embeddings": embeddings[start:end], "dim": self.dim})
+            start = end
+        return results
+
+
+def pooled_output(outputs: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The sentence vector of each row, in float32: what the engine reads from the model."""
+    return mean_pool(outputs.last_hidden_state.float(), inputs["attention_mask"])
 
 
 def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from inference.engines.base import Engine, encoder_max_length, pad_token_rows, sum_per_job
+from inference.engines.traced import trace_encoder
 
 
 class RerankerEngine(Engine):
@@ -29,6 +32,12 @@ class RerankerEngine(Engine):
         )
         self.model.to(self.device).eval()
         self.max_length = encoder_max_length(self.model_path, self.tokenizer, self.model.config)
+        self.forward = trace_encoder(
+            self.model,
+            read=relevance_logit,
+            tokenize=lambda texts: self._tokenize_pairs(texts, texts[::-1]),
+            pad=self._pad,
+        )
 
     def _tokenize_pairs(self, queries: list[str], documents: list[str]) -> list[dict]:
         if not documents:
@@ -40,6 +49,9 @@ class RerankerEngine(Engine):
         )
         names = [name for name in ("input_ids", "token_type_ids") if name in encoded]
         return [{name: encoded[name][i] for name in names} for i in range(len(documents))]
+
+    def _pad(self, rows: list[dict[str, list[int]]]) -> dict[str, torch.Tensor]:
+        return pad_token_rows(rows, pad_token_id=self.tokenizer.pad_token_id, device=self.device)
 
     def count_tokens(self, payload: dict) -> int:
         documents = list(payload["documents"])
@@ -66,13 +78,8 @@ class RerankerEngine(Engine):
         scores = [0.0] * len(rows)
         with torch.inference_mode():
             for bucket in self.plan_buckets([len(row["input_ids"]) for row in rows]):
-                inputs = pad_token_rows(
-                    [rows[i] for i in bucket],
-                    pad_token_id=self.tokenizer.pad_token_id,
-                    device=self.device,
-                )
-                logits = self.model(**inputs).logits.float()
-                bucket_scores = logits[:, -1].cpu().tolist()  # column 0 when num_labels == 1
+                inputs = self._pad([rows[i] for i in bucket])
+                bucket_scores = self.forward(inputs).cpu().tolist()
                 for position, unit_index in enumerate(bucket):
                     scores[unit_index] = bucket_scores[position]
 
@@ -87,3 +94,8 @@ class RerankerEngine(Engine):
                 ranking = ranking[:top_n]
             results.append({"scores": doc_scores, "ranking": ranking})
         return results
+
+
+def relevance_logit(outputs: Any, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each pair's score: the last label's logit (column 0 when num_labels == 1), float32."""
+    return outputs.logits[:, -1].float()
