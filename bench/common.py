@@ -86,6 +86,13 @@ def model_on_its_own_cores() -> Iterator[dict]:
         os.sched_setaffinity(0, _ALL_CPUS)
 
 
+def pin_to_model_cores() -> None:
+    """This thread on the model's cores for good, as a worker's forward thread is (inside
+    model_on_its_own_cores; a no-op outside it)."""
+    if os.environ.get("RENQ_MODEL_CPUS"):
+        os.sched_setaffinity(0, MODEL_CPUS)
+
+
 @contextmanager
 def on_model_cores() -> Iterator[None]:
     """Run the raw model as renq's worker runs its forward passes: on the model's cores

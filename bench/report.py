@@ -394,6 +394,14 @@ def _throughput_section(r: dict) -> list[str]:
         f"{raw['batch_former_texts_s']:.1f} | {raw['batch_former_texts_s'] / base:.2f} × raw "
         "batched |",
     ]
+    pipeline = r.get("pipeline")
+    if pipeline:
+        lines.append(
+            f"| renq batch former + pipelined loop (in-process, no broker: forming beside the "
+            f"model thread, as the worker does; bench/inprocess_pipeline.py; raw in that run "
+            f"{pipeline['raw_texts_s']:.1f}) | {pipeline['pipelined_texts_s']:.1f} | "
+            f"{pipeline['ratio']:.2f} × raw batched in that run |"
+        )
     beside = r.get("beside_python")
     if beside:
         lines += [

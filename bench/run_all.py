@@ -2,8 +2,9 @@
 measured in that run; results go to bench/results/ (README.md, results.json, PNG plots,
 submit_profile.txt). Scenarios, in order:
 
-- inprocess: the raw model (one by one, batched) vs renq's batch former; padding saved by
-  length bucketing;
+- inprocess: the raw model (one by one, batched) vs renq's batch former, alone and as the
+  pipelined loop runs it (bench/inprocess_pipeline.py); the model beside a thread running
+  Python, traced and eager; padding saved by length bucketing;
 - e2e: plain Celery (one task per job) vs renq's worker drain vs renq end to end over REST;
   idle realtime scheduler overhead (config.yaml's embedding settings); latency vs throughput
   for several (batch_size, batch_timeout);
@@ -49,7 +50,14 @@ from django.conf import settings  # noqa: E402
 from django.utils import timezone  # noqa: E402
 from processes import CONTROL_WORKER_OPTIONS, ProcessGroup, free_port  # noqa: E402
 
-from bench import bulk, noop_throughput, priority, result_bytes, submit_profile  # noqa: E402
+from bench import (  # noqa: E402
+    bulk,
+    inprocess_pipeline,
+    noop_throughput,
+    priority,
+    result_bytes,
+    submit_profile,
+)
 from bench.common import (  # noqa: E402
     MODEL_REF,
     MODEL_THREADS,
@@ -366,6 +374,16 @@ def scenario_inprocess(results: dict, engine, quick: bool) -> None:
         print(results["beside_python"], flush=True)
         results["padding"] = bench_padding(engine, mixed_texts(64 if quick else 128), 32)
     print(results["padding"], flush=True)
+    # The loop's threads where the worker's run (off the model's cores), its model thread on
+    # them.
+    results["pipeline"] = inprocess_pipeline.compare(
+        engine,
+        short_texts(128 if quick else 256, seed=3),
+        32,
+        rounds=1 if quick else 3,
+        pin_model_thread=common.pin_to_model_cores,
+    )
+    print(results["pipeline"], flush=True)
 
 
 def scenario_e2e(results: dict, n_jobs: int, quick: bool) -> None:

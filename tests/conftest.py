@@ -285,6 +285,20 @@ def celery_worker_process(django_db_setup, django_db_blocker):
     purge_test_queues()
 
 
+@pytest.fixture(scope="session")
+def tiny_models() -> dict[str, Path]:
+    """fixtures/models/tiny-reranker and tiny-llm, built if missing (make fixtures)."""
+    import importlib.util
+
+    # fixtures/ is not a package: load the build script from its path.
+    build_script = ROOT / "fixtures" / "build_tiny_models.py"
+    spec = importlib.util.spec_from_file_location("build_tiny_models", build_script)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.build_tiny_models()
+
+
 def wait_for_job(job_id, timeout_s: float = 60.0, statuses=None):
     from inference.models import TERMINAL_STATUSES, Job
 
