@@ -10,7 +10,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import random
 import subprocess
 import sys
 import threading
@@ -19,6 +18,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from bench.workloads import WORDS, long_text, mixed_texts, short_texts  # noqa: F401  (re-exported)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -106,11 +107,6 @@ def on_model_cores() -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-WORDS = (
-    "model queue batch token latency priority worker tenant cloud local route cost cache "
-    "embedding reranker vector request result budget window tier offline realtime api gpu "
-    "scheduler throughput padding bucket cascade fallback limit health moving average"
-).split()
 
 
 def ensure_database() -> None:
@@ -184,21 +180,6 @@ def bench_tenant(name: str = "bench", **fields):
     tenant, _ = Tenant.objects.update_or_create(name=name, defaults=defaults)
     _, key = ApiKey.objects.issue(tenant, label="bench run")
     return tenant, key
-
-
-def short_texts(n: int, seed: int = 7) -> list[str]:
-    rng = random.Random(seed)
-    return [f"{i} " + " ".join(rng.choices(WORDS, k=rng.randint(6, 14))) for i in range(n)]
-
-
-def long_text(rng: random.Random, words: int = 160) -> str:
-    return " ".join(rng.choices(WORDS, k=rng.randint(words - 10, words + 10)))
-
-
-def mixed_texts(n: int, seed: int = 11) -> list[str]:
-    rng = random.Random(seed)
-    # Log-uniform lengths from a few words to ~200: the shape of real traffic.
-    return [" ".join(rng.choices(WORDS, k=int(2 ** rng.uniform(1.5, 7.6)))) for _ in range(n)]
 
 
 def pct(values: list[float], q: float) -> float:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import random
 import shutil
 import sys
 import tempfile
@@ -34,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from bench.workloads import short_texts  # noqa: E402
 from inference.batching import BatchItem, BatchWindow  # noqa: E402
 from inference.engines import EmbeddingEngine  # noqa: E402
 
@@ -52,18 +52,6 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "vocab.txt",
 )
-WORDS = (
-    "model queue batch token latency priority worker tenant cloud local route cost cache "
-    "embedding reranker vector request result budget window tier offline realtime api gpu"
-).split()
-
-
-def short_texts(n: int, seed: int = 3) -> list[str]:
-    """Short texts as the e2e bench sends them: 6 to 14 words."""
-    rng = random.Random(seed)
-    return [f"{i} " + " ".join(rng.choices(WORDS, k=rng.randint(6, 14))) for i in range(n)]
-
-
 def minilm_shaped_model(tokenizer_dir: Path, out_dir: Path) -> Path:
     """A random-weight BertModel of all-MiniLM-L6-v2's shape, saved with a fixture model's
     WordPiece tokenizer (the same vocabulary), loadable by EmbeddingEngine."""
@@ -200,7 +188,7 @@ def main() -> int:
         if args.minilm_shaped:
             model_ref = str(minilm_shaped_model(args.minilm_shaped, Path(tmp)))
         engine = EmbeddingEngine(model_ref, device=args.device)
-        texts = short_texts(args.texts or 200 * args.batch)
+        texts = short_texts(args.texts or 200 * args.batch, seed=3)
         figures = compare(engine, texts, args.batch)
     figures["model"] = "MiniLM-shaped, random weights" if args.minilm_shaped else args.model_ref
     figures["dtype"] = str(next(engine.model.parameters()).dtype)
