@@ -35,7 +35,8 @@ class RerankerEngine(Engine):
         self.forward = trace_encoder(
             self.model,
             read=relevance_logit,
-            tokenize=lambda texts: self._tokenize_pairs(texts, texts[::-1]),
+            # Each text as a query beside one document: pairs of different lengths, so padded.
+            tokenize=lambda texts: self._tokenize_pairs(texts, ["a document"] * len(texts)),
             pad=self._pad,
         )
 
