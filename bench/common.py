@@ -107,8 +107,6 @@ def on_model_cores() -> Iterator[None]:
         os.sched_setaffinity(0, before)
 
 
-
-
 def ensure_database() -> None:
     """Create, migrate and configure the bench database (config.yaml: the shipped CPU profile's
     tiers; its services are left alone, the bench makes its own)."""

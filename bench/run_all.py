@@ -90,21 +90,15 @@ POOLS = ("prefork", "solo", "threads")
 
 
 def bench_raw(engine, texts: list[str], batch: int, rounds: int = 3) -> dict:
-    def batched_rate() -> float:
-        t0 = time.perf_counter()
-        for i in range(0, len(texts), batch):
-            engine.run_batch([{"texts": [t]} for t in texts[i : i + batch]])
-        return len(texts) / (time.perf_counter() - t0)
-
     # Untimed first: a fresh process's first batches run slower (its allocator has not yet
     # kept the activations' memory), and the worker the bench compares with is warm.
-    batched_rate()
+    inprocess_pipeline.raw_rate(engine, texts, batch)
     t0 = time.perf_counter()
     for text in texts:
         engine.run_batch([{"texts": [text]}])
     one_by_one = len(texts) / (time.perf_counter() - t0)
     # The best of a few runs: the reference renq is held to is the model at its fastest.
-    batched = max(batched_rate() for _ in range(rounds))
+    batched = max(inprocess_pipeline.raw_rate(engine, texts, batch) for _ in range(rounds))
     # The renq batch former in front of the same model (no broker, no database).
     t0 = time.perf_counter()
     pending = list(texts)
@@ -129,8 +123,6 @@ def bench_beside_python(engine, texts: list[str], batch: int) -> dict:
     """The model's batched rate while another thread runs Python on the other cores, as the
     worker's forward passes run beside its loop: with the engine's traced forward pass and
     with the eager model it was traced from (inference.engines.traced)."""
-    batches = [[{"texts": [t]} for t in texts[i : i + batch]] for i in range(0, len(texts), batch)]
-
     def rate() -> float:
         stop = threading.Event()
 
@@ -142,10 +134,7 @@ def bench_beside_python(engine, texts: list[str], batch: int) -> dict:
         spinner = threading.Thread(target=spin)
         spinner.start()
         try:
-            t0 = time.perf_counter()
-            for payloads in batches:
-                engine.run_batch(payloads)
-            return len(texts) / (time.perf_counter() - t0)
+            return inprocess_pipeline.raw_rate(engine, texts, batch)
         finally:
             stop.set()
             spinner.join()
@@ -372,25 +361,18 @@ def setup_rows() -> tuple[Service, Tenant, str]:
 
 def scenario_inprocess(results: dict, engine, quick: bool) -> None:
     print("== in-process: raw model vs batch former (no broker)", flush=True)
+    texts = short_texts(128 if quick else 256, seed=3)
     with common.on_model_cores():
-        results["raw"] = bench_raw(
-            engine, short_texts(128 if quick else 256, seed=3), 32, rounds=1 if quick else 3
-        )
+        results["raw"] = bench_raw(engine, texts, 32, rounds=1 if quick else 3)
         print(results["raw"], flush=True)
-        results["beside_python"] = bench_beside_python(
-            engine, short_texts(128 if quick else 256, seed=3), 32
-        )
+        results["beside_python"] = bench_beside_python(engine, texts, 32)
         print(results["beside_python"], flush=True)
         results["padding"] = bench_padding(engine, mixed_texts(64 if quick else 128), 32)
     print(results["padding"], flush=True)
     # The loop's threads where the worker's run (off the model's cores), its model thread on
     # them.
     results["pipeline"] = inprocess_pipeline.compare(
-        engine,
-        short_texts(128 if quick else 256, seed=3),
-        32,
-        rounds=1 if quick else 3,
-        pin_model_thread=common.pin_to_model_cores,
+        engine, texts, 32, rounds=1 if quick else 3, pin_model_thread=common.pin_to_model_cores
     )
     print(results["pipeline"], flush=True)
 
