@@ -3,7 +3,7 @@ RabbitMQ and the bench's database (no web server, no worker):
 
 - a dispatch message published with a confirm: through Celery (`as_task_v2`,
   `send_task_message`, kombu's producer pool), as renq did before, and by
-  `inference.publishing.publish_task` (renq's message on a kept confirm-mode channel);
+  `inference.dispatch.publishing.publish_task` (renq's message on a kept confirm-mode channel);
 - RabbitMQ's own CPU (its process, from /proc) for a persistent and a transient publish, and
   for an empty basic.get (what a tier queue costs when it is asked and holds nothing), and the
   asking process's CPU for it;
@@ -49,8 +49,8 @@ def _rabbitmq_cpu_s() -> float:
 
 
 def publishing(rounds: int, calls: int = 1_000) -> dict:
-    from inference.publishing import publish_task, task_message
-    from inference.queues import tier_queue
+    from inference.dispatch.publishing import publish_task, task_message
+    from inference.dispatch.queues import tier_queue
     from renq_site.celery import app
 
     queue = tier_queue(SERVICE, "api")
@@ -74,7 +74,7 @@ def publishing(rounds: int, calls: int = 1_000) -> dict:
         best["renq_ms"] = min(best["renq_ms"], _cpu_ms_per_call(renq, calls))
         common.purge_queues([queue])
 
-    from inference.publishing import _channels
+    from inference.dispatch.publishing import _channels
 
     def rabbitmq_ms(delivery_mode: int) -> float:
         before = _rabbitmq_cpu_s()
@@ -109,9 +109,9 @@ def job_rows(rounds: int, posts: int = 20, per_post: int = 100) -> dict:
     from django.db import connection
     from django.utils import timezone
 
+    from inference.intake.row_writer import insert_statement
+    from inference.intake.submission import NewJobRow
     from inference.models import Job, Service
-    from inference.row_writer import insert_statement
-    from inference.submission import NewJobRow
 
     service, _ = Service.objects.update_or_create(
         name=SERVICE, defaults={"kind": "noop", "model_ref": "none"}

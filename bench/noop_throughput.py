@@ -165,7 +165,7 @@ def run_case(
 def run(*, quick: bool, web_workers: int = 2, pool: str = "prefork") -> dict:
     from processes import ProcessGroup, free_port
 
-    from inference.queues import service_queues
+    from inference.dispatch.queues import service_queues
 
     noop_service()
     _, key = bench_tenant()

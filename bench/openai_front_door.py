@@ -43,9 +43,9 @@ django.setup()
 import requests  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 
+from inference.delivery.waiting import notify_finished  # noqa: E402
+from inference.dispatch.queues import service_queues  # noqa: E402
 from inference.models import ApiKey, Job, Service, Tenant  # noqa: E402
-from inference.queues import service_queues  # noqa: E402
-from inference.waiting import notify_finished  # noqa: E402
 from scripts.processes import ProcessGroup, free_port, wait_until  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "openai_front_door.json"

@@ -10,8 +10,8 @@ from celery import shared_task
 from django.utils import timezone
 
 from inference.engines import load_engine
+from inference.jobs.vectors import split_result
 from inference.models import Job, JobStatus
-from inference.vectors import split_result
 from inference.workers.cpu_pinning import pin_model_thread
 
 # The model's cores, as renq's forward passes get them (RENQ_MODEL_CPUS): here the task's own

@@ -494,8 +494,8 @@ def run(url: str, key: str, *, quick: bool, procs=None) -> dict:
 
     from bench.common import Ticker
     from inference.config.tiers import tier_policies
+    from inference.dispatch.queues import service_queues
     from inference.models import Job
-    from inference.queues import service_queues
 
     service = priority_service()
     budget_s = service.preemption_budget_s

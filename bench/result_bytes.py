@@ -74,9 +74,9 @@ def _sent_bytes(*params) -> int:
 def measure(engine, tenant, service, client, n: int) -> dict:
     from django.db import connection
 
+    from inference.jobs.transitions import Outcome
+    from inference.jobs.vectors import split_result
     from inference.models import Job
-    from inference.transitions import Outcome
-    from inference.vectors import split_result
 
     texts = short_texts(n, seed=100 + n)
     output = engine.run_batch([{"texts": texts, "normalize": True}])[0]

@@ -70,12 +70,12 @@ from bench.common import (  # noqa: E402
     short_texts,
 )
 from bench.report import plot, write_report  # noqa: E402
-from inference.batching import BatchItem, BatchWindow  # noqa: E402
-from inference.bucketing import padding_stats, plan_length_buckets  # noqa: E402
+from inference.dispatch.publishing import publish  # noqa: E402
+from inference.dispatch.queues import control_queue, service_queues  # noqa: E402
 from inference.engines import load_engine  # noqa: E402
 from inference.models import Job, Service, Tenant  # noqa: E402
-from inference.publishing import publish  # noqa: E402
-from inference.queues import control_queue, service_queues  # noqa: E402
+from inference.scheduling.batch_window import BatchItem, BatchWindow  # noqa: E402
+from inference.scheduling.bucketing import padding_stats, plan_length_buckets  # noqa: E402
 from renq_site.celery import app  # noqa: E402
 
 SERVICE = "bench-embed"  # the historical e2e/drain/settings runs: batch 32, long timeouts

@@ -108,7 +108,7 @@ def run(*, posts: int = 300, out: Path | None = None) -> dict:
     from pyinstrument import Profiler
 
     from bench.noop_throughput import SERVICE, noop_service
-    from inference.queues import service_queues
+    from inference.dispatch.queues import service_queues
 
     noop_service()
     purge_queues(service_queues(SERVICE))  # no worker here: the messages are dropped after

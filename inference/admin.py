@@ -5,8 +5,8 @@ from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 
+from inference.intake.submission import cancel_job, requeue_dead_lettered
 from inference.models import ApiKey, AuditEvent, Job, JobStatus, Service, Tenant
-from inference.submission import cancel_job, requeue_dead_lettered
 
 
 class ApiKeyInline(admin.TabularInline):

@@ -9,4 +9,7 @@ class InferenceConfig(AppConfig):
     def ready(self) -> None:
         # Connects the receivers: the audit trail's admin changes, and the per-process caches
         # dropped when the configuration change marker moves.
-        from inference import audit, lookups  # noqa: F401
+        from inference.intake import (
+            audit,  # noqa: F401
+            lookups,  # noqa: F401
+        )

@@ -11,12 +11,12 @@ from django.db import models
 from django.dispatch import Signal
 from django.utils import timezone
 
-from inference.tiers import PLAN_BOOST, Plan, Tier
-from inference.transitions import TERMINAL_STATUSES, JobQuerySet, JobStatus
-from inference.vectors import EmbeddingMatrix, render_result, stored_matrix
+from inference.jobs.tiers import PLAN_BOOST, Plan, Tier
+from inference.jobs.transitions import TERMINAL_STATUSES, JobQuerySet, JobStatus
+from inference.jobs.vectors import EmbeddingMatrix, render_result, stored_matrix
 
 # Sent after a bulk UPDATE of services, tenants or keys (a QuerySet.update sends no post_save): the
-# configuration change marker moves, so cached copies (inference.lookups) are dropped.
+# configuration change marker moves, so cached copies (inference.intake.lookups) are dropped.
 rows_updated = Signal()
 
 
@@ -212,7 +212,7 @@ class Job(models.Model):
     input = models.JSONField()
     result = models.JSONField(null=True, blank=True)
     # Embedding jobs: the vectors as little-endian float32 bytes (count × dim, row after row);
-    # `result` then keeps {"dim", "count"} only. See inference.vectors.
+    # `result` then keeps {"dim", "count"} only. See inference.jobs.vectors.
     result_vectors = models.BinaryField(null=True, blank=True, editable=False)
     error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
@@ -278,7 +278,7 @@ class Job(models.Model):
         null=True, blank=True, help_text="When it was given up on and sent to renq.dead."
     )
 
-    # Every status change goes through the state machine (inference.transitions).
+    # Every status change goes through the state machine (inference.jobs.transitions).
     objects = JobQuerySet.as_manager()
 
     class Meta:

@@ -19,9 +19,9 @@ from celery.exceptions import Reject
 from celery.signals import task_prerun, worker_process_init, worker_process_shutdown
 from django.db import DatabaseError, close_old_connections
 
-from inference.bulk import fail_bulk, finish_bulk, retry_failed_piece
 from inference.config.tiers import tier_policies
-from inference.tiers import TIER_NAMES
+from inference.intake.bulk import fail_bulk, finish_bulk, retry_failed_piece
+from inference.jobs.tiers import TIER_NAMES
 from inference.workers.cloud import run_cloud_attempt
 from inference.workers.cpu_pinning import keep_off_model_cores
 from inference.workers.gpu import BatchRunner

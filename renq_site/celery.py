@@ -7,9 +7,9 @@ from django.conf import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
 
-# The queue topology (names, max priority) is defined once, in inference.queues; it needs only
-# settings, not the app registry, so importing it here is safe before Django is set up.
-from inference import queues  # noqa: E402
+# The queue topology (names, max priority) is defined once, in inference.dispatch.queues; it
+# needs only settings, not the app registry, so importing it here is safe before Django is set up.
+from inference.dispatch import queues  # noqa: E402
 from renq_site import log_format  # noqa: E402, F401 (RENQ_LOG_FORMAT=json in workers too)
 
 app = Celery("renq_site")

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from celery.signals import after_setup_logger, after_setup_task_logger
 
-# The `extra=` keys renq's log sites pass (inference.log_fields.job_fields).
+# The `extra=` keys renq's log sites pass (inference.metrics.log_fields.job_fields).
 CONTEXT_FIELDS = ("job_id", "tenant", "service", "tier", "backend", "batch_id", "worker")
 
 

@@ -103,7 +103,7 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 WHITENOISE_USE_FINDERS = True
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["inference.auth.ApiKeyAuthentication"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["inference.intake.auth.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_CONTENT_NEGOTIATION_CLASS": "inference.api.negotiation.PlainAcceptNegotiation",
     "DEFAULT_PAGINATION_CLASS": "inference.api.pagination.BoundedLimitOffsetPagination",

@@ -3,7 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 
-from inference.metrics import metrics_view
+from inference.metrics.collector import metrics_view
 from renq_site import health
 
 urlpatterns = [

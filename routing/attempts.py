@@ -44,7 +44,7 @@ class AttemptRecord:
 
 
 # Sent with `attempts` (the stored JobAttempt rows) after every record_attempts: the job
-# lifecycle counts them (inference.metrics) without routing knowing who listens.
+# lifecycle counts them (inference.metrics.collector) without routing knowing who listens.
 attempts_recorded = Signal()
 
 

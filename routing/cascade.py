@@ -5,7 +5,7 @@ models again and again), so a cascade always ends. An error that retrying cannot
 upstream said the input is bad: 400/413/422) ends it at once. A job fails only when no untried,
 healthy backend is left, and the failure then lists every attempt's reason.
 
-This module decides; the job lifecycle (inference.placement) carries the decision out: it
+This module decides; the job lifecycle (inference.dispatch.placement) carries the decision out: it
 records the attempt first, asks `FallbackCascade.next_step`, and either hands the job to the
 chosen backend or fails it with `step.failure`.
 """

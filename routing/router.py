@@ -82,7 +82,7 @@ class RoutingDecision:
 
 
 # Routes change rarely and are read for every job: cached per process, dropped by the caller
-# when its configuration change marker moves (inference.lookups) or at ROUTE_CACHE_TTL_S.
+# when its configuration change marker moves (inference.intake.lookups) or at ROUTE_CACHE_TTL_S.
 ROUTE_CACHE_TTL_S = 5.0
 _routes: dict[int, tuple[float, list[RouteEntry]]] = {}
 

@@ -98,8 +98,8 @@ def main() -> int:
 
 
 def run_demo() -> int:
+    from inference.dispatch.queues import io_queues, service_queues
     from inference.models import Service
-    from inference.queues import io_queues, service_queues
     from renq_site.celery import app
 
     key = (ROOT / "fixtures" / "DEMO_API_KEY").read_text().strip()

@@ -75,7 +75,7 @@ def pytest_configure(config):
 
 
 def _test_queue_names() -> list[str]:
-    from inference.queues import service_queues
+    from inference.dispatch.queues import service_queues
 
     return [q for kind in SERVICE_KINDS for q in service_queues(kind)]
 
@@ -84,7 +84,7 @@ def _test_queue_names() -> list[str]:
 def in_process_readers(service_name: str) -> Iterator:
     """A worker's ReaderPool in the test's own process (the batch loop driven directly, on the
     real broker): closed afterwards, and the service's queues emptied for the next run."""
-    from inference.queues import service_queues
+    from inference.dispatch.queues import service_queues
     from inference.workers.tier_reader import ReaderPool
     from renq_site.celery import app
 
@@ -131,9 +131,9 @@ def _fresh_redis():
 @pytest.fixture(autouse=True)
 def _fresh_process_caches():
     """Each test sees its own rows: drop what this process cached from earlier tests."""
-    from inference.lookups import forget_all
-    from inference.placement import forget_backlog_counts
-    from inference.publishing import forget_consumer_counts
+    from inference.dispatch.placement import forget_backlog_counts
+    from inference.dispatch.publishing import forget_consumer_counts
+    from inference.intake.lookups import forget_all
 
     for forget in (forget_all, forget_backlog_counts, forget_consumer_counts):
         forget()
@@ -206,7 +206,7 @@ class WorkerProcess:
         pool: str = "prefork",
         wait: bool = True,
     ):
-        from inference.queues import service_queues
+        from inference.dispatch.queues import service_queues
 
         # extra_queues/pool: e.g. routing's I/O workers, a thread pool on the io.<tier> queues.
         names = [q for s in services for q in service_queues(s)] + list(extra_queues)

@@ -116,7 +116,7 @@ def free_and_paid(make_backend):
 
 
 def purge_io_queues() -> None:
-    from inference.queues import io_queues
+    from inference.dispatch.queues import io_queues
     from renq_site.celery import app
 
     with app.connection_for_write() as conn:
@@ -134,7 +134,7 @@ def io_workers(django_db_setup, django_db_blocker):
     """Three I/O worker processes (thread pools), as production runs them, all at once."""
     import os
 
-    from inference.queues import io_queues
+    from inference.dispatch.queues import io_queues
 
     os.environ[FAKE_API_KEY_ENV] = FAKE_API_KEY  # inherited by the worker processes
     purge_io_queues()
@@ -164,8 +164,8 @@ def gpu_consumer():
     It takes at most one message and never acks it, so closing hands the message back."""
     from kombu import Consumer
 
-    from inference.publishing import forget_consumer_counts
-    from inference.queues import service_tier_queues
+    from inference.dispatch.publishing import forget_consumer_counts
+    from inference.dispatch.queues import service_tier_queues
     from renq_site.celery import app
 
     class Attached:

@@ -8,8 +8,8 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from inference.admission import AdmissionRefused
-from inference.inputs import InputError
+from inference.intake.admission import AdmissionRefused
+from inference.jobs.inputs import InputError
 
 
 def _flatten(detail, prefix: str = "") -> dict[str, list[str]]:

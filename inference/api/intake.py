@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from inference.inputs import InputError
+from inference.jobs.inputs import InputError
 
 JOB_FIELDS = frozenset({"service", "input", "priority", "deadline_ms"})
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from rest_framework.pagination import LimitOffsetPagination
 
-from inference.inputs import InputError
+from inference.jobs.inputs import InputError
 
 MAX_PAGE_SIZE = 500
 

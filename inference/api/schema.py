@@ -1,6 +1,7 @@
 """What drf-spectacular cannot infer about the REST API, declared for /api/schema/.
 
-- `Authorization: Bearer <api key>` (inference.auth.ApiKeyAuthentication) as a security scheme.
+- `Authorization: Bearer <api key>` (inference.intake.auth.ApiKeyAuthentication) as a security
+  scheme.
 - Request bodies are closed: the views refuse unknown fields by name (a typo such as "priorty"
   must not run a job at the default tier), so the schema says `additionalProperties: false`.
 
@@ -16,7 +17,7 @@ CLOSED_REQUEST_COMPONENTS = ("JobSubmit", "BulkJobSubmit")
 
 
 class ApiKeyScheme(OpenApiAuthenticationExtension):
-    target_class = "inference.auth.ApiKeyAuthentication"
+    target_class = "inference.intake.auth.ApiKeyAuthentication"
     name = "ApiKey"
 
     def get_security_definition(self, auto_schema):

@@ -3,11 +3,11 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from inference.bulk import BULK_TIERS, bulk_progress
+from inference.dispatch.publishing import current_route
+from inference.intake.bulk import BULK_TIERS, bulk_progress
+from inference.intake.submission import MAX_DEADLINE_MS
+from inference.jobs.tiers import Tier
 from inference.models import Job, Service
-from inference.publishing import current_route
-from inference.submission import MAX_DEADLINE_MS
-from inference.tiers import Tier
 
 
 @extend_schema_field({"type": "object", "additionalProperties": True})
@@ -27,7 +27,7 @@ class JobInputField(serializers.JSONField):
 )
 class JobResultField(serializers.Field):
     """The job's result as stored, its embedding vectors (kept as float32 bytes, see
-    inference.vectors) encoded as the request asked: `context["encoding_format"]`."""
+    inference.jobs.vectors) encoded as the request asked: `context["encoding_format"]`."""
 
     def __init__(self, **kwargs):
         super().__init__(source="*", read_only=True, **kwargs)

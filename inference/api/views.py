@@ -21,11 +21,9 @@ from inference.api.serializers import (
     ServiceSerializer,
     accepted_job_body,
 )
-from inference.bulk import submit_bulk
-from inference.inputs import InputError, check_storable_text
-from inference.models import Job, JobStatus, Service
-from inference.queue_report import queue_report
-from inference.submission import (
+from inference.dispatch.queue_report import queue_report
+from inference.intake.bulk import submit_bulk
+from inference.intake.submission import (
     MAX_JOBS_PER_REQUEST,
     JobRequest,
     accept,
@@ -33,7 +31,9 @@ from inference.submission import (
     prepare,
     submit_job,
 )
-from inference.vectors import ENCODING_FORMATS
+from inference.jobs.inputs import InputError, check_storable_text
+from inference.jobs.vectors import ENCODING_FORMATS
+from inference.models import Job, JobStatus, Service
 from routing.models import JobAttempt
 
 # Request examples for the docs page (and the first cases schemathesis sends).

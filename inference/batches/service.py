@@ -24,7 +24,6 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from inference.admission import AdmissionRefused
 from inference.batches.models import (
     Batch,
     BatchFile,
@@ -32,13 +31,14 @@ from inference.batches.models import (
     BatchStatus,
     FilePurpose,
 )
-from inference.inputs import InputError
+from inference.dispatch.queues import control_queue
+from inference.intake.admission import AdmissionRefused
+from inference.intake.submission import submit_job
+from inference.jobs.inputs import InputError
+from inference.jobs.tiers import Tier
 from inference.models import Job, JobStatus, Service, Tenant
 from inference.openai_api.endpoints import ENDPOINTS, prepare
 from inference.openai_api.errors import OpenAIError, bad_request, from_input_error, not_found
-from inference.queues import control_queue
-from inference.submission import submit_job
-from inference.tiers import Tier
 from renq_site.celery import app
 
 logger = logging.getLogger(__name__)

@@ -117,8 +117,8 @@ def _on_config_saved(**_kwargs) -> None:
 def connect_signals() -> None:
     for model in (
         Service,
-        # Tenants and keys too: the web processes cache them (inference.lookups), and a revoked
-        # key or a changed quota must take effect everywhere within a second.
+        # Tenants and keys too: the web processes cache them (inference.intake.lookups), and a
+        # revoked key or a changed quota must take effect everywhere within a second.
         Tenant,
         ApiKey,
         ModelSpec,

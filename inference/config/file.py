@@ -44,8 +44,8 @@ from inference.config.models import (
     default_tier_policies,
 )
 from inference.config.tiers import TIER_POLICY_FIELDS
+from inference.jobs.tiers import TIER_ORDER
 from inference.models import Service, ServiceKind
-from inference.tiers import TIER_ORDER
 from routing.config import BACKEND_FIELDS, SECRET_FIELDS, ConfigError, expand_env
 from routing.config import load_routing_config as apply_routing_config
 from routing.models import Backend, Route

@@ -5,8 +5,8 @@ from __future__ import annotations
 from django.core.validators import RegexValidator
 from django.db import models
 
+from inference.jobs.tiers import AGING_INTERVAL_S, TIER_ORDER
 from inference.models import Service, ServiceKind
-from inference.tiers import AGING_INTERVAL_S, TIER_ORDER
 
 
 class Device(models.TextChoices):

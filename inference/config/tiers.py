@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inference.config.models import SchedulerSettings, default_tier_policies
-from inference.tiers import TIER_ORDER, Tier
+from inference.jobs.tiers import TIER_ORDER, Tier
 
 TIER_POLICY_FIELDS = ("aging_after_s", "weight", "target_wait_s")
 

@@ -12,7 +12,7 @@ from inference.engines.base import Engine, pick_device, resolve_model_path
 from inference.engines.embedding import EmbeddingEngine
 from inference.engines.llm import LlmEngine
 from inference.engines.reranker import RerankerEngine
-from inference.kinds import KINDS
+from inference.jobs.kinds import KINDS
 
 # The kinds registry names each kind's engine; this is the same mapping, resolved.
 ENGINE_CLASSES: dict[str, type[Engine]] = {

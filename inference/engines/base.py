@@ -16,7 +16,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import torch  # noqa: E402  (after the offline switches, which are read at import time)
 
-from inference.bucketing import plan_length_buckets  # noqa: E402
+from inference.scheduling.bucketing import plan_length_buckets  # noqa: E402
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_PREFIX = "package:"

@@ -82,7 +82,7 @@ class EmbeddingEngine(Engine):
             embeddings[normalize] /= np.maximum(norms, 1e-12)
 
         # One float32 array per job (a job's texts are consecutive rows): stored as bytes as
-        # it is (inference.vectors), never turned into Python floats on the worker.
+        # it is (inference.jobs.vectors), never turned into Python floats on the worker.
         results = []
         start = 0
         for payload in payloads:

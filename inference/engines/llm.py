@@ -30,7 +30,7 @@ from transformers import (
 )
 
 from inference.engines.base import Engine, pad_token_rows
-from inference.inputs import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
+from inference.jobs.inputs import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 
 # In a result: the generation is unfinished, here is its state; in a payload: continue it.
 # The state: {"prompt_ids", "generated_ids", "streamed"} (the text already streamed).

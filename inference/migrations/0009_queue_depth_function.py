@@ -1,6 +1,6 @@
 from django.db import migrations
 
-# The admission check's lock and count in one round trip (inference.admission). A VOLATILE
+# The admission check's lock and count in one round trip (inference.intake.admission). A VOLATILE
 # PL/pgSQL function takes a new snapshot for each query it runs under READ COMMITTED, so the
 # count, taken after the lock, sees every job the lock's previous holder committed; in one plain
 # statement the count would use the statement's snapshot, taken before the lock was granted.

@@ -2,7 +2,7 @@ from importlib import import_module
 
 from django.db import migrations
 
-# The admission check of the submit path (inference.admission.QueueCapacityCheck): the
+# The admission check of the submit path (inference.intake.admission.QueueCapacityCheck): the
 # service's advisory lock, the count and the refusal in one call, so that it can run in the
 # same round trip as the INSERTs that follow it. Raising aborts the statements after it (one
 # transaction); the SQLSTATE and the detail ("service id:depth found") tell the caller why.

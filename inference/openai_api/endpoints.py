@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from inference.kinds import kind_of
+from inference.jobs.kinds import kind_of
 from inference.models import Job, Service
 from inference.openai_api.chat_template import ChatTemplateError, render_chat
 from inference.openai_api.errors import OpenAIError, bad_request, model_not_found
@@ -46,7 +46,7 @@ class Endpoint:
     build: Callable[[dict, Service], tuple[dict, dict]]
     # (finished job, answer options) → the response body.
     render: Callable[[Job, dict], dict]
-    # Job-input field → request field, for errors from inference.inputs.
+    # Job-input field → request field, for errors from inference.jobs.inputs.
     field_names: Mapping[str, str]
 
 
@@ -108,7 +108,7 @@ def _build_embeddings(body: dict, service: Service) -> tuple[dict, dict]:
 
 
 def _render_embeddings(job: Job, options: dict) -> dict:
-    # The stored float32 bytes (inference.vectors): base64 is encoded from them directly.
+    # The stored float32 bytes (inference.jobs.vectors): base64 is encoded from them directly.
     matrix = job.embedding_matrix()
     if matrix is None:
         raise ValueError(f"job {job.pk} has no embeddings")

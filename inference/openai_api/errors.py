@@ -11,8 +11,8 @@ from collections.abc import Mapping
 
 from django.http import JsonResponse
 
-from inference.admission import AdmissionRefused
-from inference.inputs import InputError
+from inference.intake.admission import AdmissionRefused
+from inference.jobs.inputs import InputError
 
 
 class OpenAIError(Exception):

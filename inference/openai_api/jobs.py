@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import uuid
 
-from inference.admission import AdmissionRefused
-from inference.inputs import InputError
+from inference.dispatch.publishing import current_backend
+from inference.intake.admission import AdmissionRefused
+from inference.intake.submission import submit_job
+from inference.jobs.inputs import InputError
 from inference.models import TERMINAL_STATUSES, ApiKey, Job, Tenant
 from inference.openai_api.endpoints import Endpoint, JobRequest, prepare
 from inference.openai_api.errors import (
@@ -14,8 +16,6 @@ from inference.openai_api.errors import (
     from_input_error,
     invalid_api_key,
 )
-from inference.publishing import current_backend
-from inference.submission import submit_job
 
 PRIORITY_HEADER = "X-Renq-Priority"
 DEADLINE_HEADER = "X-Renq-Deadline-Ms"
@@ -45,7 +45,7 @@ def submit(
     tenant = authenticate(authorization)
     request = prepare(endpoint, body)
     if isinstance(body, dict) and body.get("stream") is True:
-        # The worker publishes the text as it generates it (inference.streaming).
+        # The worker publishes the text as it generates it (inference.delivery.streaming).
         request.payload["stream"] = True
     try:
         job = submit_job(

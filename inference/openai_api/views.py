@@ -1,9 +1,9 @@
 """Async views of the synchronous endpoints and /v1/models.
 
 A request is authenticated and submitted as one renq job (one trip to the database pool), then
-waits for the job's outcome on Redis pub/sub (inference.waiting) — no thread is held while it
-waits — for the service's total_timeout, or the client's `X-Renq-Deadline-Ms`. Past that the
-answer is 504 with the job's id, so the result can still be fetched from /api/v1/jobs/<id>.
+waits for the job's outcome on Redis pub/sub (inference.delivery.waiting) — no thread is held
+while it waits — for the service's total_timeout, or the client's `X-Renq-Deadline-Ms`. Past
+that the answer is 504 with the job's id, so the result can still be fetched from /api/v1/jobs/<id>.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 from kombu.exceptions import OperationalError as BrokerError
 
+from inference.delivery.streaming import generated_text
+from inference.delivery.waiting import wait_for_final_job
+from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.models import Service, Tenant
 from inference.openai_api import endpoints, jobs
 from inference.openai_api.db import in_db_thread
 from inference.openai_api.endpoints import ENDPOINTS, Endpoint
 from inference.openai_api.errors import OpenAIError, bad_request, model_not_found
-from inference.streaming import generated_text
-from inference.tiers import TIER_NAMES, Tier
-from inference.waiting import wait_for_final_job
 
 logger = logging.getLogger(__name__)
 

@@ -11,11 +11,11 @@ import logging
 
 from django.utils import timezone
 
-from inference.kinds import kind_of
-from inference.log_fields import job_fields
+from inference.dispatch.placement import hand_on
+from inference.jobs.kinds import kind_of
+from inference.jobs.transitions import Outcome
+from inference.metrics.log_fields import job_fields
 from inference.models import Job
-from inference.placement import hand_on
-from inference.transitions import Outcome
 from inference.workers import worker_identity
 from routing.attempts import AttemptOutcome, AttemptRecord, record_attempt
 from routing.backends.base import BackendError

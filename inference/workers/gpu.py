@@ -13,11 +13,11 @@ the seed.
 Preemption happens between forward passes: before starting a batch of non-realtime work that
 was formed during the previous pass, the runner looks for realtime work and runs it first. A
 realtime job therefore waits for at most the batch already running, whose length the cost
-model and the preemption budget bound (inference.cost_model). A non-realtime generation (an
-engine that is `resumable`: the LLM) longer than the budget runs in chunks of decode steps: a
-pass that leaves it unfinished puts it back, still claimed and its message unacked, at the
-front of the jobs waiting here, and a later pass continues it; only its final outcome is
-stored.
+model and the preemption budget bound (inference.scheduling.cost_model). A non-realtime
+generation (an engine that is `resumable`: the LLM) longer than the budget runs in chunks of
+decode steps: a pass that leaves it unfinished puts it back, still claimed and its message
+unacked, at the front of the jobs waiting here, and a later pass continues it; only its final
+outcome is stored.
 
 A message is acked only once every job it carries has its outcome stored; on any error the
 unacked messages go back to their queues, and their jobs' claims are taken over on redelivery.
@@ -40,25 +40,25 @@ from django.conf import settings
 from django.db import connections
 from django.utils import timezone
 
-from inference import metrics
-from inference.batching import BatchItem, BatchWindow
 from inference.config.changes import ConfigWatcher
-from inference.cost_model import BatchCostModel, pass_target_s
-from inference.engines import load_engine
-from inference.engines.llm import RESUME
-from inference.kinds import kind_of
-from inference.log_fields import job_fields
-from inference.lookups import RECHECK_INTERVAL_S
-from inference.models import Job, Service
-from inference.placement import (
+from inference.delivery.streaming import TextRelay
+from inference.dispatch.placement import (
     fail_over_local_error,
     record_local_throughput,
     settle_local_outcomes,
 )
-from inference.publishing import dead_letter
-from inference.streaming import TextRelay
-from inference.tiers import Tier
-from inference.transitions import Claim, Outcome
+from inference.dispatch.publishing import dead_letter
+from inference.engines import load_engine
+from inference.engines.llm import RESUME
+from inference.intake.lookups import RECHECK_INTERVAL_S
+from inference.jobs.kinds import kind_of
+from inference.jobs.tiers import Tier
+from inference.jobs.transitions import Claim, Outcome
+from inference.metrics import collector as metrics
+from inference.metrics.log_fields import job_fields
+from inference.models import Job, Service
+from inference.scheduling.batch_window import BatchItem, BatchWindow
+from inference.scheduling.cost_model import BatchCostModel, pass_target_s
 from inference.workers import worker_identity
 from inference.workers.cpu_pinning import pin_model_thread
 from inference.workers.tier_reader import (
@@ -753,7 +753,7 @@ def forward_pass(
         kwargs["max_steps"] = [steps for steps, _ in plans]
     relay = None
     if any(payload.get("stream") for payload in payloads):
-        # Generated text goes out as it is produced (inference.streaming).
+        # Generated text goes out as it is produced (inference.delivery.streaming).
         relay = TextRelay(
             {i: job.pk for i, job in enumerate(jobs)},
             sequence={i: r.stream_seq for i, r in resumed.items()},

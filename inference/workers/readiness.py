@@ -18,7 +18,7 @@ from pathlib import Path
 
 from django.conf import settings
 
-from inference.queues import served_service_names
+from inference.dispatch.queues import served_service_names
 from renq_site.celery import app
 
 

@@ -16,13 +16,11 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from inference import queues
 from inference.batches.tasks import restart_stalled_batches
-from inference.bulk import finish_stalled_bulks
 from inference.config.tiers import tier_policies
-from inference.models import Job, JobStatus, Service
-from inference.placement import hand_on
-from inference.publishing import (
+from inference.dispatch import queues
+from inference.dispatch.placement import hand_on
+from inference.dispatch.publishing import (
     consumer_count,
     destination,
     publish,
@@ -30,8 +28,10 @@ from inference.publishing import (
     ready_message_counts,
     republish_unpublished,
 )
-from inference.tiers import HIGHEST_PROMOTION, TIER_ORDER, Tier
-from inference.transitions import Outcome
+from inference.intake.bulk import finish_stalled_bulks
+from inference.jobs.tiers import HIGHEST_PROMOTION, TIER_ORDER, Tier
+from inference.jobs.transitions import Outcome
+from inference.models import Job, JobStatus, Service
 from renq_site.shared_redis import shared_redis
 from routing.attempts import AttemptOutcome, AttemptRecord, record_attempts
 from routing.backends.base import LocalEngineError

@@ -21,8 +21,8 @@ from kombu import Connection
 from kombu.exceptions import KombuError
 from kombu.message import Message
 
-from inference.queues import tier_queue
-from inference.tiers import TIER_ORDER, Tier
+from inference.dispatch.queues import tier_queue
+from inference.jobs.tiers import TIER_ORDER, Tier
 
 logger = logging.getLogger(__name__)
 

@@ -10,11 +10,11 @@ import time
 import torch
 from django.conf import settings
 
-from inference.cost_model import BatchCostModel
+from inference.dispatch.queues import served_service_names
 from inference.engines import load_engine
-from inference.kinds import kind_of
+from inference.jobs.kinds import kind_of
 from inference.models import Service
-from inference.queues import served_service_names
+from inference.scheduling.cost_model import BatchCostModel
 from inference.workers.readiness import mark_process_ready
 from renq_site.celery import app
 
@@ -36,7 +36,7 @@ def warm_engines_for_consumed_queues() -> None:
             engine = load_engine(service.kind, service.model_ref, device=settings.RENQ_DEVICE)
             engine.run_batch([kind_of(service.kind).warmup_payload])  # lazy kernel set-up
             # Timed again, warm: a tiny batch is nearly all per-batch overhead, which seeds
-            # the cost model that bounds batch run times (inference.cost_model).
+            # the cost model that bounds batch run times (inference.scheduling.cost_model).
             started = time.perf_counter()
             engine.run_batch([kind_of(service.kind).warmup_payload])
             BatchCostModel(service.name, engine.device).observe_overhead(

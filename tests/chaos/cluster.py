@@ -168,12 +168,12 @@ class Cluster:
         )
 
     def gpu_worker(self, name: str = "gpu", services=("noop",), **kwargs) -> ChildProcess:
-        from inference.queues import service_queues
+        from inference.dispatch.queues import service_queues
 
         return self.worker(name, [q for s in services for q in service_queues(s)], **kwargs)
 
     def control_worker(self, **kwargs) -> ChildProcess:
-        from inference.queues import control_queue
+        from inference.dispatch.queues import control_queue
 
         # As shipped (scripts/processes.py CONTROL_WORKER_OPTIONS): beat and the periodic
         # tasks on 4 threads of one process.
@@ -181,7 +181,7 @@ class Cluster:
         return self.worker("control", [control_queue()], beat=True, **kwargs)
 
     def io_worker(self, name: str = "io", **kwargs) -> ChildProcess:
-        from inference.queues import io_queues
+        from inference.dispatch.queues import io_queues
 
         return self.worker(name, io_queues(), concurrency=8, pool="threads", **kwargs)
 

@@ -22,7 +22,12 @@ REAL_SERVICES = os.environ.get("RENQ_CHAOS_REAL_SERVICES") == "1"
 
 
 def purge_chaos_queues() -> None:
-    from inference.queues import control_queue, dead_letter_queue, io_queues, service_queues
+    from inference.dispatch.queues import (
+        control_queue,
+        dead_letter_queue,
+        io_queues,
+        service_queues,
+    )
     from renq_site.celery import app
 
     names = [
@@ -46,7 +51,7 @@ def _chaos_queue_prefix():
     chaos scenarios' jobs around the faults."""
     from django.conf import settings
 
-    from inference.publishing import forget_consumer_counts
+    from inference.dispatch.publishing import forget_consumer_counts
 
     saved = settings.RENQ_QUEUE_PREFIX
     settings.RENQ_QUEUE_PREFIX = CHAOS_QUEUE_PREFIX
@@ -106,9 +111,9 @@ def scenario(cluster, proxies, transactional_db, make_tenant, make_service):
     )
     tenant, key = make_tenant("chaos", plan="pro", tier="api")
     # The web processes cache services by name and look for configuration changes once a
-    # second (inference.lookups): the previous scenario's "noop" (gone with the flush, which
+    # second (inference.intake.lookups): the previous scenario's "noop" (gone with the flush, which
     # sends no signal) must not be used for the first submissions.
-    from inference.lookups import RECHECK_INTERVAL_S
+    from inference.intake.lookups import RECHECK_INTERVAL_S
 
     time.sleep(RECHECK_INTERVAL_S + 0.5)
     yield Scenario(cluster, proxies, tenant, key, service, Clients(cluster.web_url, key))

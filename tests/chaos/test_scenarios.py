@@ -488,8 +488,8 @@ def test_cloud_routed_jobs_rescued_when_io_workers_die(
 
 @pytest.mark.chaos
 def test_poison_job_among_200_good_ones(scenario):
-    from inference.publishing import ready_message_counts
-    from inference.queues import dead_letter_queue
+    from inference.dispatch.publishing import ready_message_counts
+    from inference.dispatch.queues import dead_letter_queue
 
     s = scenario
     before = ready_message_counts([dead_letter_queue()])[dead_letter_queue()]

@@ -44,7 +44,7 @@ def test_job_list_shows_backend_and_times_and_filters_by_backend(admin_client, m
 
 def test_job_page_summarises_the_vectors_instead_of_printing_bytes(admin_client, make_tenant,
                                                                    make_service):  # fmt: skip
-    from inference.vectors import split_result
+    from inference.jobs.vectors import split_result
 
     tenant, _ = make_tenant()
     result, packed = split_result({"embeddings": [[0.5] * 4] * 3, "dim": 4})

@@ -6,7 +6,7 @@ import json
 import logging
 import types
 
-from inference.log_fields import job_fields
+from inference.metrics.log_fields import job_fields
 from renq_site.log_format import JsonFormatter
 
 

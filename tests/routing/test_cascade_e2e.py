@@ -7,10 +7,10 @@ import time
 
 import pytest
 
+from inference.dispatch.placement import record_decision
+from inference.dispatch.publishing import publish
+from inference.intake.submission import submit_job
 from inference.models import Job, JobStatus
-from inference.placement import record_decision
-from inference.publishing import publish
-from inference.submission import submit_job
 from routing.capacity import record_local_batch
 from routing.models import AttemptOutcome, JobAttempt
 from routing.router import RoutingDecision
@@ -309,7 +309,7 @@ def test_jobs_stranded_on_a_stopped_local_worker_go_down_the_cascade(
 
     from django.utils import timezone
 
-    from inference.transitions import Outcome
+    from inference.jobs.transitions import Outcome
     from inference.workers.sweeper import rescue_stranded_jobs
 
     service = make_service("embedding", name="stranded")

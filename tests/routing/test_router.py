@@ -8,9 +8,9 @@ from decimal import Decimal
 
 import pytest
 
+from inference.dispatch.placement import ServiceWorkerProbe, forget_backlog_counts, routing_request
+from inference.intake.submission import submit_job
 from inference.models import Job, JobStatus, Service
-from inference.placement import ServiceWorkerProbe, forget_backlog_counts, routing_request
-from inference.submission import submit_job
 from routing.breaker import CircuitBreaker
 from routing.capacity import record_local_batch
 from routing.limits import RateLimitTracker
@@ -39,7 +39,7 @@ class WithIOWorkers:
 
 
 def a_job(service, tenant, tier="api", texts=("hello world",), io_workers=1):
-    """What the router sees of a job: the lifecycle describes it (inference.placement)."""
+    """What the router sees of a job: the lifecycle describes it (inference.dispatch.placement)."""
     job = Job(service=service, tenant=tenant, tier=tier, input={"texts": list(texts)})
     request = routing_request(job)
     return replace(request, workers=WithIOWorkers(request.workers, io_workers))

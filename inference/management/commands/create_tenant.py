@@ -1,7 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from inference.jobs.tiers import Plan, Tier
 from inference.models import ApiKey, Tenant
-from inference.tiers import Plan, Tier
 
 
 class Command(BaseCommand):

@@ -1,4 +1,4 @@
-"""`manage.py renq submit | status | queues`: the command line over inference.client.
+"""`manage.py renq submit | status | queues`: the command line over renq_client.
 
     renq submit --service embedding --file texts.txt --priority batch [--wait] [--ids-out ids]
     renq status --ids ids [--wait]          # or job ids as arguments
@@ -17,11 +17,11 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Count
 
-from inference.client import RenqClient, RenqError
+from inference.dispatch.publishing import consumer_count
+from inference.dispatch.queues import service_tier_queues
+from inference.jobs.tiers import TIER_ORDER
 from inference.models import Job, JobStatus, Service
-from inference.publishing import consumer_count
-from inference.queues import service_tier_queues
-from inference.tiers import TIER_ORDER
+from renq_client import RenqClient, RenqError
 
 
 def _inputs(kind: str, lines: list[str], per_job: int, query: str | None) -> list[dict]:

@@ -6,9 +6,9 @@ import time
 
 from django.core.management.base import BaseCommand
 
+from inference.dispatch.scaling import apply, local_workers, recommend
+from inference.jobs.tiers import TIER_ORDER
 from inference.models import Service
-from inference.scaling import apply, local_workers, recommend
-from inference.tiers import TIER_ORDER
 
 
 class Command(BaseCommand):

@@ -11,9 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from django.db import connection, connections
 
-from inference.admission import AdmissionRefused
+from inference.intake.admission import AdmissionRefused
+from inference.intake.submission import submit_job
 from inference.models import AuditEvent, Job
-from inference.submission import submit_job
 
 pytestmark = pytest.mark.django_db
 

@@ -9,9 +9,9 @@ import pytest
 from rest_framework.test import APIClient
 
 from inference.api.serializers import JobAcceptedSerializer
+from inference.intake.submission import input_digest
+from inference.jobs.vectors import split_result
 from inference.models import AuditEvent, Job, JobStatus
-from inference.submission import input_digest
-from inference.vectors import split_result
 
 pytestmark = pytest.mark.django_db
 
@@ -38,7 +38,7 @@ def test_submit_returns_202_with_the_queued_job(api, embedding):
 
 
 def test_a_submitted_job_and_its_receipt_are_stored_as_sent(api, embedding):
-    # The submit path writes its rows with its own INSERT (inference.row_writer).
+    # The submit path writes its rows with its own INSERT (inference.intake.row_writer).
     texts = ["naïve café ✓", 'quote " and \\ backslash', "x" * 300]
     response = api.post(
         "/api/v1/jobs",

@@ -136,7 +136,7 @@ def test_embedding_shapes_and_norms(embedder):
     for result in results:
         assert result["dim"] == 384
         assert all(len(vector) == 384 for vector in result["embeddings"])
-        # One float32 array per job, stored as bytes as it is (inference.vectors).
+        # One float32 array per job, stored as bytes as it is (inference.jobs.vectors).
         assert result["embeddings"].dtype == np.float32 and result["embeddings"].ndim == 2
     for vector in results[0]["embeddings"]:
         assert math.isclose(math.hypot(*vector), 1.0, abs_tol=1e-5)

@@ -29,7 +29,7 @@ def gpu_worker(celery_worker_process) -> WorkerProcess:
 @pytest.fixture(scope="session")
 def control_worker(django_db_setup) -> Iterator[WorkerProcess]:
     """The control queue's consumer, which advances batches (threads: no model to load)."""
-    from inference.queues import control_queue
+    from inference.dispatch.queues import control_queue
 
     worker = WorkerProcess(
         services=(), extra_queues=(control_queue(),), pool="threads", concurrency=4, name="oai-ctl"

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from inference.cost_model import BatchCostModel
+from inference.delivery.streaming import text_log
 from inference.engines import load_engine
+from inference.intake.submission import submit_job
 from inference.models import Job, JobStatus
-from inference.streaming import text_log
-from inference.submission import submit_job
+from inference.scheduling.cost_model import BatchCostModel
 from inference.workers import gpu
 from renq_site.shared_redis import shared_redis
 from tests.conftest import wait_for_job

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from inference.dispatch.publishing import ready_message_counts
+from inference.dispatch.queues import dead_letter_queue
 from inference.engines.noop import POISON_TEXT
+from inference.intake.submission import requeue_dead_lettered, submit_job
 from inference.models import AuditEvent, Job, JobStatus
-from inference.publishing import ready_message_counts
-from inference.queues import dead_letter_queue
-from inference.submission import requeue_dead_lettered, submit_job
 from renq_site.celery import app
 from tests.conftest import wait_for_job
 

@@ -13,9 +13,9 @@ import time
 
 import pytest
 
+from inference.dispatch.publishing import publish
+from inference.intake.submission import submit_job
 from inference.models import Job, JobStatus
-from inference.publishing import publish
-from inference.submission import submit_job
 from tests.conftest import wait_for_job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -105,8 +105,8 @@ def test_a_realtime_seed_runs_at_once_and_the_realtime_jobs_beside_it_run_next(
     # Nothing stands between a realtime job's claim and its pass: no broker ask for company
     # and no cost-model read (each a round trip on an idle P0 job's path). Realtime work that
     # is waiting beside it is pulled while its pass runs, and runs in the next pass.
-    from inference.cost_model import BatchCostModel
-    from inference.queues import service_queues
+    from inference.dispatch.queues import service_queues
+    from inference.scheduling.cost_model import BatchCostModel
     from inference.workers import gpu
     from inference.workers.tier_reader import TierQueueReader
     from tests.conftest import in_process_readers, purge_test_queues
@@ -151,8 +151,8 @@ def test_a_pass_outcomes_are_being_written_while_the_cost_model_learns_from_it(
     # is stored during it, not after it (an idle realtime job waited for that round trip).
     from datetime import UTC, datetime
 
-    from inference.cost_model import BatchCostModel
-    from inference.queues import service_queues
+    from inference.dispatch.queues import service_queues
+    from inference.scheduling.cost_model import BatchCostModel
     from inference.workers import gpu
     from tests.conftest import in_process_readers, purge_test_queues
 
@@ -297,7 +297,7 @@ def test_waiting_messages_are_claimed_together_not_one_by_one(make_tenant, make_
 def _eight_jobs_in_two_job_passes(make_tenant, service, *, sleep_ms: int) -> tuple[dict, list]:
     """Eight batch jobs of the service (batch_size 2) that sleep `sleep_ms` each, run by one
     in-process task: its report and the passes, in order, each a list of its jobs."""
-    from inference.queues import service_queues
+    from inference.dispatch.queues import service_queues
     from inference.workers import gpu
     from tests.conftest import in_process_readers, purge_test_queues
 
@@ -333,7 +333,7 @@ def test_the_next_batch_is_claimed_before_the_running_pass_ends_when_the_predict
     # A backlog of 200 ms jobs, two to a pass (400 ms), with a cost model predicting 1.5 ×
     # that. Each next batch must be pulled and claimed while the pass before it still runs,
     # or the model waits for it between passes.
-    from inference.cost_model import BatchCost, BatchCostModel
+    from inference.scheduling.cost_model import BatchCost, BatchCostModel
     from inference.workers import gpu
 
     service = make_service(
@@ -357,9 +357,9 @@ def test_the_next_batches_run_while_the_store_thread_writes_the_last_ones_outcom
     # Postgres takes 300 ms to store each batch's outcomes. The loop does not wait for that
     # write before forming, claiming and running the batch after next (storing on the loop's
     # own thread, it did), and every message is still acked once its jobs are stored.
-    from inference.publishing import ready_message_counts
-    from inference.queues import tier_queue
-    from inference.transitions import JobQuerySet
+    from inference.dispatch.publishing import ready_message_counts
+    from inference.dispatch.queues import tier_queue
+    from inference.jobs.transitions import JobQuerySet
 
     service = make_service(
         "noop", name="store-behind", batch_size=2, batch_timeout=0.01, preemption_budget_s=10
@@ -384,8 +384,8 @@ def test_the_next_batches_run_while_the_store_thread_writes_the_last_ones_outcom
 def _form_one_batch_counting_asks(service, jobs) -> tuple[list, list[str]]:
     """Publish the jobs, form one batch in this process as a worker would, and return it with
     the tier of each broker ask (basic.get) the forming made, in order."""
+    from inference.dispatch.queues import service_queues
     from inference.engines import load_engine
-    from inference.queues import service_queues
     from inference.workers import gpu, worker_identity
     from tests.conftest import in_process_readers, purge_test_queues
 

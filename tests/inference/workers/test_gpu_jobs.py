@@ -7,8 +7,8 @@ import math
 
 import pytest
 
+from inference.dispatch.publishing import publish
 from inference.models import Job, JobStatus
-from inference.publishing import publish
 from tests.conftest import wait_for_job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -51,7 +51,7 @@ def test_submitted_job_gets_a_real_normalised_embedding(celery_worker_process, a
 def test_unnormalised_service_returns_raw_mean_pooled_vectors(
     celery_worker_process, make_tenant, make_service
 ):
-    from inference.submission import submit_job
+    from inference.intake.submission import submit_job
 
     make_service("embedding", normalize_embeddings=False)
     tenant, _ = make_tenant()

@@ -10,8 +10,8 @@ import pytest
 from django.db import OperationalError
 
 from inference.engines.noop import NoopEngine
+from inference.jobs.tiers import Tier
 from inference.models import Job
-from inference.tiers import Tier
 from inference.workers.gpu import BatchReport, BatchRunner, Held, _Drain
 from inference.workers.tier_reader import DEFAULT_WEIGHTS, PulledMessage, WeightedShare
 

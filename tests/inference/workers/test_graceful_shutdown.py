@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from inference.intake.submission import submit_job
 from inference.models import AuditEvent, Job, JobStatus
-from inference.submission import submit_job
 from tests.conftest import WorkerProcess, wait_for_job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]

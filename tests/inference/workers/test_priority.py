@@ -10,11 +10,11 @@ from collections import Counter
 import pytest
 from django.utils import timezone
 
-from inference.cost_model import BatchCostModel
+from inference.dispatch.publishing import ready_message_counts
+from inference.dispatch.queues import tier_queue
+from inference.intake.submission import submit_job
 from inference.models import Job, JobStatus
-from inference.publishing import ready_message_counts
-from inference.queues import tier_queue
-from inference.submission import submit_job
+from inference.scheduling.cost_model import BatchCostModel
 from inference.workers.sweeper import expire_overdue, promote_waiting_jobs
 from tests.conftest import WorkerProcess, wait_for_job
 
@@ -29,7 +29,7 @@ def submit(tenant, service, *, sleep_ms=0, priority="batch", text="x", **kw):
 def _tier_jobs(make_tenant, make_service, name: str, *, budget_s: float, sleep_ms: int):
     """A no-op service of the test's own (its queues emptied) with a preemption budget, and
     a maker of its jobs of one tier, each sleeping `sleep_ms`, stored but not published."""
-    from inference.queues import service_queues
+    from inference.dispatch.queues import service_queues
     from tests.conftest import purge_test_queues
 
     service = make_service(
@@ -213,7 +213,7 @@ def test_the_loop_claims_5_3_2_with_expired_p1_jobs_and_p3_in_eight_job_messages
     # The bench's mix, in-process on the real broker and database: P1 and P2 jobs one to a
     # message, 40 % of the P1 jobs expired while queued, P3 jobs submitted in lists (8 to a
     # message). The loop claims live jobs 5:3:2 between the tiers below realtime.
-    from inference.publishing import publish, publish_many
+    from inference.dispatch.publishing import publish, publish_many
     from inference.workers import gpu
     from tests.conftest import in_process_readers
 
@@ -250,10 +250,10 @@ def test_a_realtime_job_claimed_into_a_window_it_does_not_fit_runs_in_the_next_p
     # The loop pulled a realtime message while forming an offline batch that had no room
     # left for it (the window's run budget). It must run in the very next pass, ahead of the
     # offline jobs already claimed and waiting in the loop's line.
+    from inference.dispatch.publishing import publish
+    from inference.dispatch.queues import service_queues
     from inference.engines import load_engine
-    from inference.publishing import publish
-    from inference.queues import service_queues
-    from inference.tiers import Tier
+    from inference.jobs.tiers import Tier
     from inference.workers import gpu, worker_identity
     from tests.conftest import in_process_readers, purge_test_queues
 
@@ -304,7 +304,7 @@ def test_jobs_claimed_together_run_at_their_tiers_turn_not_back_to_back(
     # P2 and P3 jobs travel 8 to a message and the budget lets one job into a pass: the jobs
     # claimed together must wait for their tier's turn, so in the order the jobs ran no tier
     # runs 8 in a row and every tier runs in every 10 jobs (the share's floor).
-    from inference.publishing import publish, publish_many
+    from inference.dispatch.publishing import publish, publish_many
     from inference.workers import gpu
     from tests.conftest import in_process_readers
 

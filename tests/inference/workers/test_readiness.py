@@ -53,7 +53,7 @@ def test_a_worker_whose_model_did_not_load_is_not_ready(make_service):
 
 
 def test_an_io_worker_needs_no_model(make_service):
-    from inference.queues import io_queues
+    from inference.dispatch.queues import io_queues
 
     worker = WorkerProcess(services=(), name="probeio", extra_queues=tuple(io_queues()),
                            pool="threads")  # fmt: skip

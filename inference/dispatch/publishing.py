@@ -1,0 +1,403 @@
+"""The one way a job's dispatch message reaches RabbitMQ, always after its row is committed.
+
+Where the message goes is decided by the job alone (`destination`): a bulk piece to its
+service's bulk queue, a job whose current backend runs on the GPU workers to its service's
+tier queue, a job routed to a cloud API to the I/O queue of its tier. The outbox sweep and every
+recovery publish through the same function, so a republished job goes where its backend is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import amqp
+from celery import chord, signature
+from celery.utils.nodenames import anon_nodename
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+from kombu import Connection
+
+from inference.dispatch import queues
+from inference.models import Job, JobStatus
+from renq_site.celery import app
+from routing.backends import Placement
+
+logger = logging.getLogger(__name__)
+
+RUN_JOB_TASK = "inference.run_job"
+CALL_BACKEND_TASK = "inference.call_backend"
+FINISH_BULK_TASK = "inference.finish_bulk"
+FAIL_BULK_TASK = "inference.fail_bulk"
+# Never consumed by renq: the message is the record (`renq.dead`, inspect it with RabbitMQ).
+DEAD_LETTER_TASK = "inference.dead_letter"
+# Jobs one dispatch message carries (jobs submitted together, bound for one tier queue): an
+# eighth of the service's batch_size, at least 8 and at most 64. Enough that publishing,
+# confirming, fetching and acking a message are paid once per several jobs; few enough that
+# the jobs a batch cannot take (they wait, claimed, for the worker's next batch) stay a small
+# share of a batch and never crowd out other tiers' share. (A fixed 8 made a 100-job
+# submission 13 messages for a no-op service batching 256: at 32 to a message, 100 per POST
+# went from 4,702 to 6,207 accepted jobs/s, `bench/run_all.py --only noop`.)
+MIN_JOBS_PER_MESSAGE = 8
+MAX_JOBS_PER_MESSAGE = 64
+# A publish RabbitMQ has not confirmed by then counts as failed (the outbox sends it again).
+CONFIRM_TIMEOUT_S = 10.0
+# How long a consumer count read from RabbitMQ is trusted (one round trip per queue).
+CONSUMER_COUNT_TTL_S = 1.0
+
+
+@dataclass(frozen=True)
+class Destination:
+    task: str
+    args: tuple
+    queue: str
+    priority: int
+
+
+def current_route(job: Job):
+    """The job's routing decision (JobRoute), or None for a service without a route."""
+    try:
+        return job.route
+    except Job.route.RelatedObjectDoesNotExist:
+        return None
+
+
+def current_backend(job: Job):
+    """The backend the job's route points at now, or None for a service without a route."""
+    route = current_route(job)
+    return route.backend if route is not None else None
+
+
+def destination(job: Job) -> Destination:
+    if job.parent_id is not None:
+        return Destination(
+            RUN_JOB_TASK, (str(job.pk),), queues.bulk_queue(job.service.name), job.message_priority
+        )
+    backend = current_backend(job)
+    # The tier queue it waits in: its own, or the one aging promoted it to.
+    tier = job.serving_tier or job.tier
+    if backend is not None and backend.adapter().placement is Placement.IO_WORKERS:
+        return Destination(
+            CALL_BACKEND_TASK,
+            (str(job.pk), backend.pk),
+            queues.io_queue(tier),
+            job.message_priority,
+        )
+    return Destination(
+        RUN_JOB_TASK,
+        (str(job.pk),),
+        queues.tier_queue(job.service.name, tier),
+        job.message_priority,
+    )
+
+
+class ConfirmChannels:
+    """Broker channels in confirm mode, one per concurrent publisher, kept between publishes.
+
+    Celery's own path (`as_task_v2`, `send_task_message`, kombu's producer pool and
+    `Producer.publish`) cost 0.31 ms of CPU per message; this one, the same message on a
+    kept channel, 0.15 ms (`bench/hot_path_pieces.py`). A channel that fails is dropped: a
+    kept one may have died while idle (a broker restart), so that failure is tried once more
+    on a new channel; a new one failing raises to the caller.
+    """
+
+    def __init__(self, connect: Callable[[], Connection]):
+        self._connect = connect
+        self._idle: deque[_ConfirmChannel] = deque()
+        self._pid = os.getpid()
+
+    def publish(self, message: amqp.Message, queue: str) -> None:
+        if self._pid != os.getpid():
+            # A forked child must not write on its parent's sockets.
+            self._idle, self._pid = deque(), os.getpid()
+        while True:
+            try:
+                channel, kept = self._idle.pop(), True
+            except IndexError:
+                channel, kept = _ConfirmChannel(self._connect()), False
+            try:
+                channel.publish(message, queue)
+            except Exception:
+                channel.close()
+                if kept:
+                    continue
+                raise
+            self._idle.append(channel)
+            return
+
+    def close_all(self) -> None:
+        while self._idle:
+            self._idle.pop().close()
+
+
+class _ConfirmChannel:
+    def __init__(self, connection: Connection):
+        self._connection = connection
+        self._channel = connection.default_channel
+        self._declared: set[str] = set()
+
+    def publish(self, message: amqp.Message, queue: str) -> None:
+        if queue not in self._declared:
+            # Declared as the workers' -Q declares it (x-max-priority), so a message for a
+            # service no worker has started yet waits in its queue instead of being dropped.
+            app.amqp.queues[queue](self._channel).declare()
+            self._declared.add(queue)
+        self._channel.basic_publish_confirm(
+            message, exchange="", routing_key=queue, confirm_timeout=CONFIRM_TIMEOUT_S
+        )
+
+    def close(self) -> None:
+        try:
+            self._connection.close()
+        except Exception:  # noqa: BLE001 - a broken connection is only being let go
+            pass
+
+
+_channels = ConfirmChannels(lambda: app.connection_for_write())
+
+
+def task_message(name: str, args: list, *, priority: int) -> amqp.Message:
+    """The message Celery's worker runs as `name(*args)` (task protocol 2, JSON, persistent),
+    with the headers `app.amqp.as_task_v2` writes for a task that stores no result."""
+    task_id = str(uuid.uuid4())  # Postgres, not the message id, makes runs unique
+    headers = {
+        "lang": "py",
+        "task": name,
+        "id": task_id,
+        "shadow": None,
+        "eta": None,
+        "expires": None,
+        "group": None,
+        "group_index": None,
+        "retries": 0,
+        "timelimit": [None, None],
+        "root_id": task_id,
+        "parent_id": None,
+        "argsrepr": repr(args),
+        "kwargsrepr": "{}",
+        "origin": anon_nodename(),  # "gen<pid>@<host>", as Celery writes it
+        "ignore_result": True,
+        "replaced_task_nesting": 0,
+        "stamped_headers": None,
+        "stamps": {},
+    }
+    body = json.dumps([args, {}, _NO_CANVAS])
+    return amqp.Message(
+        body,
+        content_type="application/json",
+        content_encoding="utf-8",
+        application_headers=headers,
+        delivery_mode=2,
+        priority=priority,
+        correlation_id=task_id,
+        reply_to="",
+    )
+
+
+_NO_CANVAS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+
+
+def publish_task(name: str, args: list, *, queue: str, priority: int = 0) -> None:
+    """One task message to `queue`, confirmed by RabbitMQ. Raises what the broker raises
+    (the callers leave the job to the outbox)."""
+    _channels.publish(task_message(name, args, priority=priority), queue)
+
+
+def _send(jobs: Sequence[Job]) -> bool:
+    target = destination(jobs[0])
+    args = list(target.args) if len(jobs) == 1 else [[str(job.pk) for job in jobs]]
+    try:
+        publish_task(target.task, args, queue=target.queue, priority=target.priority)
+    except Exception:  # noqa: BLE001 - any broker failure leaves the job for the sweeper
+        logger.warning(
+            "publishing %d job(s) (%s…) to %s failed; the sweeper will retry",
+            len(jobs),
+            jobs[0].pk,
+            target.queue,
+            exc_info=True,
+        )
+        return False
+    return True
+
+
+def publish_many(jobs: Sequence[Job], *, counted_on: bool = False) -> int:
+    """Publish the jobs' dispatch messages (with publisher confirms) and record, in one
+    UPDATE, which RabbitMQ confirmed. Jobs bound for the same tier queue travel together, up
+    to jobs_per_message in one message (one publish and one confirm instead of one per
+    job; the worker claims them together). A job whose publish failed keeps no published_at
+    and `republish_unpublished` sends it later, so an accepted job is never lost. Stops at
+    the first failure: the broker is away, the sweeper will do the rest.
+
+    `counted_on`: the jobs were stored with published_at already set (the submit path, which
+    publishes right after its commit): only a failure is written, so the hot path has no
+    second UPDATE per job. Should the process die between commit and publish, the
+    lost-message sweep republishes them (queued, published_at past LOST_MESSAGE_AFTER_S, their
+    queue empty), aging moves them, or their deadline expires them: never silently lost."""
+    jobs = list(jobs)
+    sent: list = []
+    for group in _messages(jobs):
+        if not _send(group):
+            break
+        sent.extend(job.pk for job in group)
+    if counted_on:
+        if len(sent) < len(jobs):
+            confirmed = set(sent)
+            _unmark([job.pk for job in jobs if job.pk not in confirmed])
+    elif sent:
+        Job.objects.filter(pk__in=sent).mark_published()
+    return len(sent)
+
+
+def _unmark(job_ids: list) -> None:
+    try:
+        Job.objects.filter(pk__in=job_ids).unmark_published()
+    except DatabaseError:
+        # Postgres is away too: the lost-message sweep finds these jobs once it is back.
+        logger.warning("could not hand %d unpublished jobs to the outbox", len(job_ids))
+
+
+def jobs_per_message(batch_size: int) -> int:
+    """Most jobs one dispatch message to a service batching `batch_size` carries."""
+    return max(MIN_JOBS_PER_MESSAGE, min(MAX_JOBS_PER_MESSAGE, batch_size // 8))
+
+
+def _messages(jobs: Sequence[Job]) -> list[list[Job]]:
+    groups: dict[tuple[str, int], list[Job]] = {}
+    messages: list[list[Job]] = []
+    for job in jobs:
+        target = destination(job)
+        if target.task != RUN_JOB_TASK or job.parent_id is not None:
+            messages.append([job])  # one per job: cloud calls, chord members
+            continue
+        key = (target.queue, target.priority)
+        group = groups.setdefault(key, [])
+        group.append(job)
+        if len(group) == jobs_per_message(job.service.batch_size):
+            messages.append(groups.pop(key))
+    messages.extend(groups.values())
+    return messages
+
+
+def publish(job: Job) -> bool:
+    return publish_many([job]) == 1
+
+
+def publish_on_commit(job: Job) -> None:
+    """Publish once the surrounding transaction commits, so a worker never sees a job that
+    does not exist yet (or never will, if the transaction rolls back)."""
+    transaction.on_commit(lambda: publish(job))
+
+
+def publish_many_on_commit(jobs: Sequence[Job], *, counted_on: bool = False) -> None:
+    jobs = list(jobs)
+    transaction.on_commit(lambda: publish_many(jobs, counted_on=counted_on))
+
+
+def dead_letter(job_ids: Sequence, reason: str) -> None:
+    """A record of each given-up job on `renq.dead`, for operators and their tools (the job
+    itself is failed with the reason in Postgres, and the admin can requeue it)."""
+    for job_id in job_ids:
+        try:
+            publish_task(
+                DEAD_LETTER_TASK, [str(job_id), reason[:1000]], queue=queues.dead_letter_queue()
+            )
+        except Exception:  # noqa: BLE001 - the job's own record in Postgres is what counts
+            logger.warning("could not publish dead letter of %s", job_id, exc_info=True)
+
+
+def publish_bulk(parent: Job, pieces: Sequence[Job]) -> bool:
+    """A bulk job's pieces as one Celery chord: the pieces on the bulk queue, then the callback
+    that assembles the parent. Should the chord never fire, the sweep finishes the parent once
+    every piece is final, and republishes pieces whose publish failed (one by one)."""
+    targets = [destination(piece) for piece in pieces]
+    header = [
+        signature(
+            t.task, args=list(t.args), queue=t.queue, priority=t.priority, ignore_result=False
+        )
+        for t in targets
+    ]
+    queue = queues.bulk_queue(parent.service.name)
+    # Immutable: the pieces' task results are reports; the callback reads results from
+    # Postgres, the record of truth.
+    callback = signature(FINISH_BULK_TASK, args=[str(parent.pk)], queue=queue, immutable=True)
+    errback = signature(FAIL_BULK_TASK, args=[str(parent.pk)], queue=queue, immutable=True)
+    try:
+        chord(header)(callback.set(link_error=[errback]))
+    except Exception:  # noqa: BLE001 - the sweep republishes the pieces
+        logger.exception("publishing bulk job %s failed; the sweeper will retry", parent.pk)
+        return False
+    Job.objects.filter(pk__in=[p.pk for p in pieces] + [parent.pk]).mark_published()
+    return True
+
+
+def republish_unpublished(older_than_s: float = 10.0) -> int:
+    """The outbox sweep: publish queued jobs whose publish never got confirmed."""
+    cutoff = timezone.now() - timezone.timedelta(seconds=older_than_s)
+    stale = Job.objects.filter(
+        status=JobStatus.QUEUED, published_at__isnull=True, created_at__lt=cutoff
+    ).select_related("service", "route__backend")[:1000]
+    return publish_many(list(stale))
+
+
+_consumer_counts: dict[tuple[str, ...], tuple[float, int]] = {}
+
+
+def consumer_count(queue_names: Sequence[str]) -> int:
+    """How many consumers RabbitMQ has on these queues. RabbitMQ drops a consumer the moment
+    its worker's connection closes (crash, kill, shutdown), so this sees a stopped worker at
+    once, where a heartbeat would need a timeout. Cached for CONSUMER_COUNT_TTL_S per process;
+    when the broker cannot be asked, workers are assumed present (a broker outage is not a
+    dead worker)."""
+    key = tuple(queue_names)
+    now = time.monotonic()
+    cached = _consumer_counts.get(key)
+    if cached and cached[0] > now:
+        return cached[1]
+    total = 0
+    try:
+        with app.connection_for_read() as connection:
+            for name in queue_names:
+                channel = connection.channel()
+                try:
+                    total += channel.queue_declare(queue=name, passive=True).consumer_count
+                except connection.channel_errors:
+                    pass  # never declared: nobody consumes it (the 404 closed the channel)
+                finally:
+                    try:
+                        channel.close()
+                    except Exception:  # noqa: BLE001 - a channel the 404 already closed
+                        pass
+    except Exception:  # noqa: BLE001 - broker unreachable: assume workers
+        logger.warning("could not read consumer counts for %s", queue_names, exc_info=True)
+        return 1
+    _consumer_counts[key] = (now + CONSUMER_COUNT_TTL_S, total)
+    return total
+
+
+def ready_message_counts(queue_names: Sequence[str]) -> dict[str, int]:
+    """Messages waiting (not delivered) in each queue, as RabbitMQ counts them; a queue that
+    was never declared counts 0. Raises when the broker cannot be asked."""
+    counts: dict[str, int] = {}
+    with app.connection_for_read() as connection:
+        for name in queue_names:
+            channel = connection.channel()
+            try:
+                counts[name] = channel.queue_declare(queue=name, passive=True).message_count
+            except connection.channel_errors:
+                counts[name] = 0
+            finally:
+                try:
+                    channel.close()
+                except Exception:  # noqa: BLE001 - a channel the 404 already closed
+                    pass
+    return counts
+
+
+def forget_consumer_counts() -> None:
+    _consumer_counts.clear()

@@ -1,0 +1,205 @@
+"""Admission control: refuse work early with a status and Retry-After, instead of accepting it
+and letting it rot in a queue.
+
+Checked for every submission, a whole request at a time (a bulk or a list of jobs is admitted
+or refused whole):
+- the service's `rate_limit` (jobs/s per tenant) and the tenant's `requests_per_minute` and
+  `monthly_token_budget`: Redis counters shared by every web process, reserved atomically and
+  given back when the request is refused further on (429);
+- the tenant's `max_running_jobs` (queued + running), counted in Postgres (429);
+- the service's `max_queue_size`: counted and inserted under one per-service advisory lock, in
+  one round trip with the INSERTs, so concurrent submitters cannot overshoot it; the last
+  `P0_RESERVED_FRACTION` of the queue is kept for realtime jobs, which are refused only when
+  the queue is truly full (503).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from django.db import DatabaseError
+
+from inference.jobs.tiers import Tier
+from inference.models import Job, JobStatus, Service, Tenant
+from renq_site.shared_redis import shared_redis
+
+# Share of max_queue_size only realtime jobs may fill: a backlog of batch work never locks
+# realtime traffic out.
+P0_RESERVED_FRACTION = 0.1
+# Advisory-lock namespace for the per-service queue-capacity check.
+_CAPACITY_LOCK_SPACE = 7_301
+# The SQLSTATE renq_admit_to_queue raises when a request's jobs do not fit the queue.
+QUEUE_FULL_SQLSTATE = "RQ503"
+
+
+@dataclass
+class AdmissionRefused(Exception):
+    status_code: int
+    field: str
+    message: str
+    retry_after_s: int
+    # Which limit refused it, e.g. "rate_limit", "requests_per_minute", "max_queue_size".
+    quota: str = ""
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@dataclass
+class CounterReservation:
+    """Redis counters incremented for a request; `release` gives them back on refusal."""
+
+    keys: list[tuple[str, int]] = field(default_factory=list)
+
+    def release(self) -> None:
+        if not self.keys:
+            return
+        pipe = shared_redis().pipeline()
+        for key, amount in self.keys:
+            pipe.decrby(key, amount)
+        pipe.execute()
+        self.keys.clear()
+
+
+def _reserve(reservation: CounterReservation, key: str, amount: int, ttl_s: int) -> int:
+    pipe = shared_redis().pipeline()
+    pipe.incrby(key, amount)
+    pipe.expire(key, ttl_s)
+    count, _ = pipe.execute()
+    reservation.keys.append((key, amount))
+    return int(count)
+
+
+def reserve_counters(
+    tenant: Tenant, service: Service, *, jobs: int, tokens: int
+) -> CounterReservation:
+    """Count the request against the rate limits and the token budget; raise AdmissionRefused
+    (429, naming the quota, Retry-After when it frees up) when one is exceeded."""
+    reservation = CounterReservation()
+    now = time.time()
+    try:
+        if service.rate_limit:
+            second = int(now)
+            count = _reserve(
+                reservation, f"renq:admit:{service.name}:{tenant.pk}:{second}", jobs, 2
+            )
+            if count > service.rate_limit:
+                raise AdmissionRefused(
+                    429,
+                    "service",
+                    f"rate limit of {service.rate_limit} jobs/s for service '{service.name}' "
+                    f"exceeded.",
+                    retry_after_s=1,
+                    quota="rate_limit",
+                )
+        if tenant.requests_per_minute:
+            minute = int(now // 60)
+            count = _reserve(reservation, f"renq:rpm:{tenant.pk}:{minute}", jobs, 120)
+            if count > tenant.requests_per_minute:
+                raise AdmissionRefused(
+                    429,
+                    "tenant",
+                    f"quota requests_per_minute ({tenant.requests_per_minute}) exceeded.",
+                    retry_after_s=max(1, math.ceil(60 - now % 60)),
+                    quota="requests_per_minute",
+                )
+        if tenant.monthly_token_budget:
+            month = datetime.fromtimestamp(now, UTC).strftime("%Y-%m")
+            used = _reserve(reservation, f"renq:tokens:{tenant.pk}:{month}", tokens, 32 * 86400)
+            if used > tenant.monthly_token_budget:
+                raise AdmissionRefused(
+                    429,
+                    "tenant",
+                    f"quota monthly_token_budget ({tenant.monthly_token_budget} tokens) "
+                    f"exhausted for {month}.",
+                    retry_after_s=_seconds_to_next_month(now),
+                    quota="monthly_token_budget",
+                )
+    except AdmissionRefused:
+        reservation.release()
+        raise
+    return reservation
+
+
+def _seconds_to_next_month(now: float) -> int:
+    today = datetime.fromtimestamp(now, UTC)
+    year, month = (today.year + 1, 1) if today.month == 12 else (today.year, today.month + 1)
+    return max(1, int(datetime(year, month, 1, tzinfo=UTC).timestamp() - now))
+
+
+def check_running_jobs(tenant: Tenant, jobs: int) -> None:
+    """The tenant's queued + running jobs stay within max_running_jobs."""
+    limit = tenant.max_running_jobs
+    if not limit:
+        return
+    active = (
+        Job.objects.filter(
+            tenant=tenant, status__in=[JobStatus.QUEUED, JobStatus.RUNNING], parent__isnull=True
+        )
+        .values("pk")[:limit]
+        .count()
+    )
+    if active + jobs > limit:
+        raise AdmissionRefused(
+            429,
+            "tenant",
+            f"quota max_running_jobs ({limit}) reached: {active} of your jobs are queued or "
+            f"running.",
+            retry_after_s=1,
+            quota="max_running_jobs",
+        )
+
+
+@dataclass(frozen=True)
+class QueueCapacityCheck:
+    """The service's max_queue_size check as a statement of the submitting transaction, sent
+    in the same round trip as its INSERTs: it takes the service's advisory lock (held until
+    commit, so concurrent submitters are serialized for one count and none overshoots),
+    counts, and aborts the transaction when the jobs do not fit (`renq_admit_to_queue`,
+    migration 0011). The lock is held for the server's own work only, never across a round
+    trip to the web process (under load, lock waits were most of a POST's latency)."""
+
+    service: Service
+    tier: str
+    jobs: int
+
+    @property
+    def allowed(self) -> int:
+        limit = self.service.max_queue_size
+        # Non-realtime work may use the queue up to the reserved margin; realtime all of it.
+        return limit if self.tier == Tier.REALTIME else limit - int(limit * P0_RESERVED_FRACTION)
+
+    def statement(self) -> tuple[str, list] | None:
+        """The SQL and its parameters, or None for a service without a max_queue_size."""
+        limit = self.service.max_queue_size
+        if not limit:
+            return None
+        # Counting stops at the limit: the check costs the same with 10 or 10^6 jobs queued.
+        return (
+            "SELECT renq_admit_to_queue(%s, %s, %s, %s, %s)",
+            [_CAPACITY_LOCK_SPACE, self.service.pk, limit, self.allowed, self.jobs],
+        )
+
+    def refusal(self, error: DatabaseError) -> AdmissionRefused | None:
+        """The 503 for the error the statement raised, or None for any other error."""
+        cause = error.__cause__
+        if getattr(cause, "pgcode", None) != QUEUE_FULL_SQLSTATE:
+            return None
+        service_id, depth = map(int, cause.diag.message_detail.split(":"))
+        if service_id != self.service.pk:
+            return None  # another service's check of the same request refused it
+        service, limit = self.service, self.service.max_queue_size
+        # Rough drain time: one batch per batch_timeout is the floor of what a worker does.
+        retry = max(1, math.ceil(depth / max(service.batch_size, 1) * service.batch_timeout))
+        return AdmissionRefused(
+            503,
+            "service",
+            f"service '{service.name}' has {depth} queued jobs (max_queue_size {limit}"
+            + ("" if self.tier == Tier.REALTIME else f", {self.allowed} for non-realtime work")
+            + f"); {self.jobs} more do not fit; retry later.",
+            retry_after_s=retry,
+            quota="max_queue_size",
+        )

@@ -1,0 +1,197 @@
+"""Bulk jobs: one parent job split into pieces that run as a Celery chord.
+
+The pieces are ordinary jobs (claimed atomically, batched, stored like any other), published to
+the service's `bulk` queue. That queue is consumed by Celery only, never pulled by the batch
+runner's TierQueueReader, so Celery sees every piece finish and the Redis result backend counts
+the chord natively (no chord_unlock polling). The callback assembles the parent's result in
+input order. A failed piece is retried on its own; the bulk is not restarted. Should the chord
+never fire (its publish failed, the result backend lost its counter), the sweep finishes every
+parent whose pieces are all final.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.db.models import Count, Exists, OuterRef, Q
+from django.utils import timezone
+
+from inference.dispatch.publishing import publish_bulk
+from inference.intake.admission import check_running_jobs, reserve_counters
+from inference.intake.audit import record_receipts
+from inference.intake.submission import resolve_service, resolve_tier
+from inference.jobs.inputs import InputError
+from inference.jobs.kinds import CHARS_PER_TOKEN, kind_of
+from inference.jobs.tiers import Tier
+from inference.jobs.transitions import TERMINAL_STATUSES
+from inference.jobs.vectors import with_vectors
+from inference.models import Job, JobStatus, Service, Tenant
+from inference.scheduling.cost_model import BatchCostModel, preemption_budget_s
+
+MAX_BULK_ITEMS = 100_000
+BULK_TIERS = (Tier.BATCH, Tier.OFFLINE)
+BULK_OPTIONS = {"query", "top_n", "normalize", "max_tokens", "temperature"}
+
+
+def piece_size(service: Service, items: list) -> int:
+    """Items per piece. One LLM piece per prompt (a job is one prompt). Otherwise as many as
+    fit the preemption budget on the slowest device measured (a piece runs as one job, so it
+    must not hold a realtime job up longer than a batch may), at least batch_size, at most
+    max_items_per_job: larger pieces mean fewer tasks, claims and stores per item."""
+    kind = kind_of(service.kind)
+    if kind.one_item_per_piece:
+        return 1
+    floor = max(1, min(service.batch_size, service.max_items_per_job))
+    models = BatchCostModel.measured(service.name).values()
+    if not models or not items:
+        return floor
+    slowest = max(models, key=lambda cost: cost.per_token_s)
+    sample = items[: min(len(items), 256)]
+    tokens_per_item = max(1.0, sum(len(str(i)) for i in sample) / len(sample) / CHARS_PER_TOKEN)
+    fitting = int(slowest.tokens_within(preemption_budget_s(service)) / tokens_per_item)
+    return max(floor, min(fitting, service.max_items_per_job))
+
+
+def split_bulk(service: Service, payload: Any) -> list[dict]:
+    """The validated input of every piece, or InputError naming the bulk-level field."""
+    kind = kind_of(service.kind)
+    items_field = kind.bulk_items_field
+    if not isinstance(payload, dict):
+        raise InputError("input", "must be a JSON object.")
+    extra = set(payload) - BULK_OPTIONS - {items_field}
+    if extra:
+        raise InputError(f"input.{sorted(extra)[0]}", "is not a known field.")
+    items = payload.get(items_field)
+    if not isinstance(items, list) or not items:
+        raise InputError(f"input.{items_field}", "must be a non-empty list of strings.")
+    if len(items) > MAX_BULK_ITEMS:
+        raise InputError(
+            f"input.{items_field}",
+            f"has {len(items)} items; at most {MAX_BULK_ITEMS} are allowed in one bulk job.",
+        )
+    top_n = payload.get("top_n")
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 1):
+        raise InputError("input.top_n", "must be a positive integer.")
+    # Validate every piece with the single-job rules, reporting the bulk-level index.
+    size = piece_size(service, items)
+    pieces = []
+    for start in range(0, len(items), size):
+        piece = kind.bulk_piece(payload, items[start : start + size])
+        try:
+            pieces.append(kind.validate(piece, max_items=size, field="input"))
+        except InputError as exc:
+            raise InputError(_bulk_field(exc.field, items_field, start), exc.message) from None
+    return pieces
+
+
+def _bulk_field(field: str, items_field: str, offset: int) -> str:
+    # "input.texts[3]" inside piece starting at 128 → "input.texts[131]"; LLM pieces name
+    # their prompt "input.prompt".
+    if field == "input.prompt":
+        return f"input.{items_field}[{offset}]"
+    prefix = f"input.{items_field}["
+    if field.startswith(prefix):
+        index = int(field[len(prefix) :].split("]")[0])
+        return f"input.{items_field}[{offset + index}]"
+    return field
+
+
+def submit_bulk(
+    *, tenant: Tenant, service_name: Any, payload: Any, priority: Any = None, actor: str = ""
+) -> Job:
+    """One request, admitted or refused whole: it counts once against the rate limits and
+    running-jobs quota, with all its tokens against the monthly budget. Its pieces wait on the
+    bulk queue, not in the tier queues, so they never fill max_queue_size for others."""
+    service = resolve_service(service_name)
+    # Only null or "" mean the default (batch): any other value, `{}` or `0` too, is checked.
+    tier = resolve_tier(Tier.BATCH if priority is None or priority == "" else priority, tenant)
+    if tier not in BULK_TIERS:
+        raise InputError("priority", "bulk jobs run at batch or offline priority.")
+    piece_inputs = split_bulk(service, payload)
+    kind = kind_of(service.kind)
+    tokens = sum(sum(kind.estimate_tokens(piece)) for piece in piece_inputs)
+    reservation = reserve_counters(tenant, service, jobs=1, tokens=tokens)
+    try:
+        check_running_jobs(tenant, 1)
+        return _store_bulk(tenant, service, tier, payload, piece_inputs, actor)
+    except BaseException:
+        reservation.release()
+        raise
+
+
+def _store_bulk(tenant, service, tier, payload, piece_inputs, actor: str) -> Job:
+    now = timezone.now()  # created and started at once: no negative queue_wait_ms
+    with transaction.atomic():
+        parent = Job.objects.create(
+            tenant=tenant,
+            service=service,
+            tier=tier,
+            message_priority=tenant.plan_boost,
+            input=payload,
+            is_bulk=True,
+            status=JobStatus.RUNNING,
+            created_at=now,
+            started_at=now,
+        )
+        pieces = Job.objects.bulk_create(
+            Job(
+                tenant=tenant,
+                service=service,
+                tier=tier,
+                message_priority=tenant.plan_boost,
+                input=piece_input,
+                parent=parent,
+                piece_index=index,
+            )
+            for index, piece_input in enumerate(piece_inputs)
+        )
+        record_receipts([parent], actor=actor)
+        transaction.on_commit(lambda: publish_bulk(parent, pieces))
+    return parent
+
+
+def bulk_progress(parent: Job) -> dict:
+    return parent.pieces.aggregate(
+        total=Count("id"),
+        done=Count("id", filter=Q(status=JobStatus.SUCCEEDED)),
+        failed=Count("id", filter=Q(status__in=[JobStatus.FAILED, JobStatus.EXPIRED])),
+    )
+
+
+def retry_failed_piece(job_id: str) -> bool:
+    """Put a failed bulk piece back to queued for a retry, while it has attempts left."""
+    return bool(Job.objects.filter(pk=job_id).retry())
+
+
+def finish_bulk(parent_id: str) -> str:
+    """Chord callback (or the sweep): assemble the pieces' results in input order."""
+    parent = Job.objects.select_related("service").get(pk=parent_id)
+    pieces = list(
+        parent.pieces.order_by("piece_index").only("status", "result", "result_vectors", "error")
+    )
+    failed = [(i, p) for i, p in enumerate(pieces) if p.status != JobStatus.SUCCEEDED]
+    running = Job.objects.filter(pk=parent.pk)
+    if failed:
+        reasons = "; ".join(f"piece {i}: {p.status} {p.error}" for i, p in failed[:20])
+        running.fail(f"{len(failed)} of {len(pieces)} pieces did not succeed: {reasons}")
+        return JobStatus.FAILED
+    results = [with_vectors(p.result, p.result_vectors) for p in pieces]
+    result = kind_of(parent.service.kind).bulk_merge(parent.input, results)
+    running.finish_bulk(result)
+    return JobStatus.SUCCEEDED
+
+
+def fail_bulk(parent_id: str, *_args: Any) -> None:
+    Job.objects.filter(pk=parent_id).fail("a piece's task crashed")
+
+
+def finish_stalled_bulks() -> int:
+    """Finish running bulk parents whose pieces are all final (the chord never fired)."""
+    unfinished = Job.objects.filter(parent=OuterRef("pk")).exclude(status__in=TERMINAL_STATUSES)
+    stalled = (
+        Job.objects.filter(is_bulk=True, status=JobStatus.RUNNING)
+        .exclude(Exists(unfinished))
+        .values_list("pk", flat=True)[:100]
+    )
+    return sum(finish_bulk(str(pk)) is not None for pk in stalled)

@@ -1,0 +1,52 @@
+"""Priority tiers, plan boosts and aging. The queues they map to are in
+inference.dispatch.queues."""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class Tier(models.TextChoices):
+    REALTIME = "realtime", "P0 realtime"
+    API = "api", "P1 api"
+    BATCH = "batch", "P2 batch"
+    OFFLINE = "offline", "P3 offline"
+
+    @property
+    def rank(self) -> int:
+        """0 is served first."""
+        return TIER_ORDER.index(self)
+
+    @property
+    def is_interactive(self) -> bool:
+        # Queue/total timeouts are latency promises; batch and offline work waits as long as it
+        # takes (aging guarantees it runs) instead of expiring.
+        return self in (Tier.REALTIME, Tier.API)
+
+
+TIER_ORDER: tuple[Tier, ...] = (Tier.REALTIME, Tier.API, Tier.BATCH, Tier.OFFLINE)
+# The tiers' names, for membership tests on every job (Tier.values builds a list per call).
+TIER_NAMES: frozenset[str] = frozenset(tier.value for tier in TIER_ORDER)
+
+
+class Plan(models.TextChoices):
+    ENTERPRISE = "enterprise", "Enterprise"
+    PRO = "pro", "Pro"
+    FREE = "free", "Free"
+
+
+# AMQP message priority within a tier queue. Kept small: each level is a sub-queue in RabbitMQ.
+PLAN_BOOST: dict[str, int] = {Plan.ENTERPRISE: 3, Plan.PRO: 2, Plan.FREE: 1}
+
+
+# Aging: a job that has waited this long in its tier's queue is promoted one tier up (and again
+# after the next tier's threshold), for every worker at once (the sweep re-publishes it; the
+# claim makes the stale copy harmless). Realtime is the top: nothing to promote to.
+AGING_INTERVAL_S: dict[str, float] = {
+    Tier.REALTIME: 0.0,
+    Tier.API: 10.0,
+    Tier.BATCH: 30.0,
+    Tier.OFFLINE: 60.0,
+}
+# Aging stops below realtime: P0 stays strict, for jobs submitted as realtime.
+HIGHEST_PROMOTION = Tier.API

@@ -1,0 +1,481 @@
+"""The job state machine: every status change of a job is a method here, and only here.
+
+    queued ──claim──▶ running ──store_outcomes──▶ succeeded | failed
+      │  ▲              │ │ └──claim (deadline passed)──▶ expired
+      │  └──release / requeue (didn't fit; dead claim; handed to the next backend)
+      │                 └──fail (poison: lost too often; cascade ended)──▶ failed
+      ├──expire (nobody started it in time)──▶ expired
+      └──cancel──▶ cancelled
+    failed ──retry (bulk piece with attempts left)──▶ queued
+
+Every write is one conditional UPDATE that names the status it leaves, so two processes racing
+for the same job cannot both win: a duplicate message finds the job no longer queued; a
+*redelivered* message of a running job means the previous holder lost its channel (died, lost
+the broker), so the claim is taken over with a new token and the old holder's late write
+matches no row. The methods live on `JobQuerySet`, so callers filter first and transition
+second: `Job.objects.filter(pk=…, claim_token=token).requeue()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.db import connection, models, transaction
+from django.db.models import F
+from django.utils import timezone
+from psycopg2 import Binary
+from psycopg2.extras import execute_values
+
+from inference.delivery.waiting import notify_finished
+from inference.jobs.tiers import Tier
+from inference.jobs.vectors import split_result
+from inference.metrics import collector as metrics
+from routing.models import JobRoute
+
+if TYPE_CHECKING:
+    from inference.models import Job
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued", "Queued"
+    RUNNING = "running", "Running"
+    SUCCEEDED = "succeeded", "Succeeded"
+    FAILED = "failed", "Failed"
+    EXPIRED = "expired", "Expired"
+    CANCELLED = "cancelled", "Cancelled"
+
+
+TERMINAL_STATUSES = (
+    JobStatus.SUCCEEDED,
+    JobStatus.FAILED,
+    JobStatus.EXPIRED,
+    JobStatus.CANCELLED,
+)
+
+# (from, to) → the method that makes the move. The table is the contract; tests check that
+# every method only makes the moves listed for it.
+TRANSITIONS: dict[tuple[str, str], str] = {
+    (JobStatus.QUEUED, JobStatus.RUNNING): "claim",
+    (JobStatus.RUNNING, JobStatus.RUNNING): "claim (takeover of a redelivered job)",
+    (JobStatus.RUNNING, JobStatus.EXPIRED): "claim (waited past its deadline)",
+    (JobStatus.RUNNING, JobStatus.SUCCEEDED): "store_outcomes / finish_bulk",
+    (JobStatus.RUNNING, JobStatus.FAILED): "store_outcomes / fail",
+    (JobStatus.RUNNING, JobStatus.QUEUED): "release / requeue",
+    (JobStatus.QUEUED, JobStatus.EXPIRED): "expire",
+    (JobStatus.QUEUED, JobStatus.CANCELLED): "cancel",
+    (JobStatus.RUNNING, JobStatus.CANCELLED): "cancel_bulk (a bulk parent)",
+    (JobStatus.FAILED, JobStatus.QUEUED): "retry / revive (a dead-lettered job, by an admin)",
+}
+
+EXPIRED_IN_QUEUE = "waited longer than the service's queue_timeout before a worker was free"
+
+# The claimed rows come back with their service and tenant (one round trip: a worker claims
+# between forward passes, so the ORM's second SELECT and its SQL compilation were a third of
+# the drain loop's own time), and the backend their route chose, if any (storing the outcome
+# records a routed job's attempt; asking after the pass was a round trip on every job's path).
+_CLAIM_SQL = """
+UPDATE inference_job AS j
+   SET status = 'running', claim_token = %(token)s, claimed_at = %(now)s,
+       attempts = j.attempts + %(attempt)s, worker = %(worker)s
+  FROM inference_service AS s, inference_tenant AS t
+ WHERE j.id = ANY(%(ids)s::uuid[]) AND s.id = j.service_id AND t.id = j.tenant_id
+   AND (j.status = 'queued'
+        OR (j.status = 'running' AND j.id = ANY(%(redelivered)s::uuid[])
+            AND j.attempts < %(max_attempts)s))
+RETURNING {columns},
+          (SELECT r.backend_id FROM {route_table} AS r WHERE r.job_id = j.id)
+"""
+
+# Sent ahead of a claim that is its own transaction (one query string, so one implicit
+# transaction: the setting ends with it). The claim is then visible at once but durable only
+# when the WAL writer flushes it (within 3 x wal_writer_delay) or a later synchronous commit
+# does (the store of the same jobs, at the latest). A Postgres crash in between can only undo
+# the claim: the job is queued again, the store under the lost token writes nothing, and the
+# lost-message sweep republishes it, so it still runs. Waiting for the flush was 1.3 ms of an
+# idle realtime job's claim on this machine's disk (the pools scenario, traced).
+_ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off;\n"
+
+_POISON_SQL = """
+UPDATE inference_job
+   SET status = 'failed', finished_at = %(now)s, claim_token = NULL, dead_lettered_at = %(now)s,
+       error = 'the worker running this job was lost ' || attempts || ' times; giving up'
+ WHERE id = ANY(%(redelivered)s::uuid[]) AND status = 'running'
+   AND attempts >= %(max_attempts)s
+RETURNING id
+"""
+
+# The audit trail's completion rows, one statement per batch, in the outcomes' transaction.
+_AUDIT_COMPLETIONS_SQL = """
+INSERT INTO inference_auditevent (at, kind, tenant_id, job_id, actor, detail)
+SELECT clock_timestamp(), %(kind)s, tenant_id, id, worker,
+       jsonb_build_object('status', status)
+  FROM inference_job
+ WHERE id = ANY(%(ids)s::uuid[]) AND status = ANY(%(statuses)s)
+   AND (%(token)s::uuid IS NULL OR claim_token = %(token)s::uuid)
+"""
+
+# One statement for a whole batch; every row carries the claim token it must still hold.
+# Embedding vectors travel and are stored as float32 bytes (inference.jobs.vectors), not JSON.
+_SUCCEED_SQL = """
+UPDATE inference_job AS j
+   SET status = 'succeeded', result = v.result::jsonb, result_vectors = v.vectors,
+       finished_at = clock_timestamp(), started_at = v.started_at,
+       inference_ms = v.inference_ms, batch_size = v.batch_size, input_tokens = v.tokens
+  FROM (VALUES %s) AS v(id, token, result, vectors, started_at, inference_ms, batch_size, tokens)
+ WHERE j.id = v.id AND j.claim_token = v.token AND j.status = 'running'
+"""
+# The same, with the audit trail's completion rows written by the same statement.
+_SUCCEED_AND_AUDIT_SQL = f"""
+WITH done AS ({_SUCCEED_SQL.strip()}
+RETURNING j.id, j.tenant_id, j.worker, j.status)
+INSERT INTO inference_auditevent (at, kind, tenant_id, job_id, actor, detail)
+SELECT clock_timestamp(), 'completed', tenant_id, id, worker, jsonb_build_object('status', status)
+  FROM done
+"""
+_SUCCEED_ROW = (
+    "(%s::uuid, %s::uuid, %s, %s::bytea, %s::timestamptz, %s::double precision, %s::integer,"
+    " %s::integer)"
+)
+
+
+@dataclass
+class Claim:
+    """Jobs one worker now holds under `token`, and those found past their deadline."""
+
+    token: uuid.UUID
+    jobs: list[Job] = field(default_factory=list)
+    expired: list[Job] = field(default_factory=list)
+    # Redelivered too often (their workers kept dying): failed and dead-lettered.
+    dead_lettered: list[uuid.UUID] = field(default_factory=list)
+    # Job id → the backend its route chose, for the routed ones among `jobs`.
+    route_backend_ids: dict[uuid.UUID, int] = field(default_factory=dict)
+
+
+@dataclass
+class Outcome:
+    job: Job
+    result: dict | None = None
+    error: str = ""
+    started_at: datetime | None = None
+    inference_ms: float | None = None
+    batch_size: int | None = None
+    tokens: int | None = None
+    # A failure that is a verdict on the job (its input makes the model raise): dead-letter it.
+    dead_letter: bool = False
+
+
+def missed_deadline(job: Job, now: datetime) -> bool:
+    """Interactive jobs promise latency; batch and offline work waits as long as it takes,
+    unless the request named its own deadline (deadline_ms)."""
+    if job.deadline_at is not None and now > job.deadline_at:
+        return True
+    if not Tier(job.tier).is_interactive:
+        return False
+    waited_s = (now - job.created_at).total_seconds()
+    service = job.service
+    return waited_s > service.queue_timeout or waited_s > service.total_timeout
+
+
+def _audit(cursor, job_ids: list, kind: str, statuses: list[str], token=None) -> None:
+    if job_ids:
+        cursor.execute(
+            _AUDIT_COMPLETIONS_SQL,
+            {
+                "kind": kind,
+                "ids": [str(i) for i in job_ids],
+                "statuses": list(statuses),
+                "token": str(token) if token else None,
+            },
+        )
+
+
+def _atomic_if(needed: bool, using: str):
+    """A transaction around several statements; none around one (it is atomic by itself)."""
+    return transaction.atomic(using=using) if needed else contextlib.nullcontext()
+
+
+@functools.cache
+def _claim_layout(model) -> tuple[str, list[tuple]]:
+    """_CLAIM_SQL returning the job's, its service's and its tenant's columns in the models'
+    field order (what Model.from_db expects), and how to cut a returned row back into the
+    three: (model, attnames, (field, db converters) pairs, slice). Built once per process: a
+    claim runs between every two forward passes."""
+    service = model._meta.get_field("service").related_model
+    tenant = model._meta.get_field("tenant").related_model
+    columns, layout, start = [], [], 0
+    for alias, part in (("j", model), ("s", service), ("t", tenant)):
+        fields = part._meta.concrete_fields
+        columns += [f"{alias}.{f.column}" for f in fields]
+        converters = [(f, f.get_db_converters(connection)) for f in fields]
+        attnames = [f.attname for f in fields]
+        layout.append((part, attnames, converters, slice(start, start + len(fields))))
+        start += len(fields)
+    sql = _CLAIM_SQL.format(columns=", ".join(columns), route_table=JobRoute._meta.db_table)
+    return sql, layout
+
+
+def _claimed_jobs(model, rows: list[tuple], db: str) -> list[tuple[Job, int | None]]:
+    """(job, its route's backend id) pairs, the job's service and tenant attached as
+    select_related would build them."""
+    job_layout, service_layout, tenant_layout = _claim_layout(model)[1]
+    # The jobs of one claim share a few services and tenants: each is built once.
+    services: dict = {}
+    tenants: dict = {}
+    jobs = []
+    for row in rows:
+        job = _from_row(db, row, job_layout)
+        service = services.get(job.service_id)
+        if service is None:
+            service = services[job.service_id] = _from_row(db, row, service_layout)
+        tenant = tenants.get(job.tenant_id)
+        if tenant is None:
+            tenant = tenants[job.tenant_id] = _from_row(db, row, tenant_layout)
+        job.service = service
+        job.tenant = tenant
+        jobs.append((job, row[-1]))
+    return jobs
+
+
+def _from_row(db: str, row: tuple, layout: tuple):
+    """What the ORM does with raw column values (JSON text → Python, for instance)."""
+    part, attnames, converters, cut = layout
+    values = []
+    for value, (model_field, field_converters) in zip(row[cut], converters, strict=True):
+        for convert in field_converters:
+            value = convert(value, model_field, connection)
+        values.append(value)
+    return part.from_db(db, attnames, values)
+
+
+class JobQuerySet(models.QuerySet):
+    # --- the worker's claim and its outcomes -------------------------------------------------
+
+    def claim(
+        self,
+        job_ids: Sequence[str | uuid.UUID],
+        *,
+        redelivered_ids: Iterable[str | uuid.UUID] = (),
+        worker: str = "",
+        count_attempt: bool = True,
+    ) -> Claim:
+        """queued → running (or a takeover of a redelivered running job) under a new token.
+        Interactive jobs that waited past their queue_timeout/total_timeout are marked
+        expired instead; redelivered jobs lost `RENQ_MAX_ATTEMPTS` times fail (poison)."""
+        token = uuid.uuid4()
+        now = timezone.now()
+        params: dict[str, Any] = {
+            "token": token,
+            "now": now,
+            "worker": worker[:200],
+            "ids": [str(i) for i in dict.fromkeys(job_ids)],
+            "redelivered": [str(i) for i in redelivered_ids],
+            "max_attempts": settings.RENQ_MAX_ATTEMPTS,
+            # A claim taken only to hand the job on (the sweep) runs nothing: no attempt.
+            "attempt": 1 if count_attempt else 0,
+        }
+        claim = Claim(token=token)
+        # Without redeliveries the claim is one statement, atomic by itself: no BEGIN and
+        # COMMIT round trips around it (a claim runs before every forward pass; at idle it is on
+        # a realtime job's path).
+        redelivered = bool(params["redelivered"])
+        claim_sql = _claim_layout(self.model)[0]
+        if not redelivered and not connection.in_atomic_block:
+            # Its own transaction: it need not wait for the WAL flush (see _ASYNC_COMMIT).
+            claim_sql = _ASYNC_COMMIT + claim_sql
+        with _atomic_if(redelivered, self.db), connection.cursor() as cursor:
+            if redelivered:
+                cursor.execute(_POISON_SQL, params)
+                claim.dead_lettered = [row[0] for row in cursor.fetchall()]
+                _audit(cursor, claim.dead_lettered, "dead_lettered", [JobStatus.FAILED])
+            cursor.execute(claim_sql, params)
+            rows = cursor.fetchall()
+        if not rows:
+            return claim
+        jobs = {job.pk: (job, route) for job, route in _claimed_jobs(self.model, rows, self.db)}
+        for job_id in params["ids"]:
+            job, route_backend_id = jobs.get(uuid.UUID(job_id), (None, None))
+            if job is None:
+                continue
+            if missed_deadline(job, now):
+                claim.expired.append(job)
+                continue
+            claim.jobs.append(job)
+            if route_backend_id is not None:
+                claim.route_backend_ids[job.pk] = route_backend_id
+        if claim.expired:
+            metrics.record_jobs(claim.expired, JobStatus.EXPIRED, "deadline")
+            self.model.objects.filter(
+                pk__in=[j.pk for j in claim.expired], claim_token=token, status=JobStatus.RUNNING
+            ).update(status=JobStatus.EXPIRED, finished_at=now, error=EXPIRED_IN_QUEUE)
+            # Front-door requests waiting for these jobs hear now (inference.delivery.waiting).
+            transaction.on_commit(lambda: notify_finished(j.pk for j in claim.expired))
+        return claim
+
+    def store_outcomes(self, token: uuid.UUID, outcomes: Sequence[Outcome]) -> int:
+        """running → succeeded | failed for one batch, one round trip each. Only rows still
+        held under `token` change. Returns how many rows were written."""
+        now = timezone.now()
+        if not outcomes:
+            return 0
+        successes = [o for o in outcomes if o.result is not None]
+        failures = [o for o in outcomes if o.result is None]
+        rows = []
+        for o in successes:
+            result, vectors = split_result(o.result)
+            rows.append(
+                (
+                    str(o.job.pk),
+                    str(token),
+                    json.dumps(result),
+                    None if vectors is None else Binary(vectors),
+                    o.started_at or now,
+                    o.inference_ms,
+                    o.batch_size,
+                    o.tokens,
+                )
+            )
+        # A batch of successes is one statement, atomic by itself (no BEGIN/COMMIT round
+        # trips): the job is finished one round trip after its forward pass. Its completion
+        # audit rows come from the same statement, only for the rows it moved, so a second
+        # store under the same claim (a redelivered message) records no second completion.
+        written = 0
+        with _atomic_if(bool(failures), self.db), connection.cursor() as cursor:
+            if rows:
+                execute_values(
+                    cursor.cursor,
+                    _SUCCEED_AND_AUDIT_SQL,
+                    rows,
+                    template=_SUCCEED_ROW,
+                    page_size=len(rows),
+                )
+                written = cursor.cursor.rowcount
+            failed_now = [
+                o.job.pk
+                for o in failures
+                if self.model.objects.filter(
+                    pk=o.job.pk, claim_token=token, status=JobStatus.RUNNING
+                ).update(
+                    status=JobStatus.FAILED,
+                    error=o.error[:4000],
+                    started_at=o.started_at or now,
+                    finished_at=now,
+                    dead_lettered_at=now if o.dead_letter else None,
+                )
+            ]
+            written += len(failed_now)
+            _audit(cursor, failed_now, "completed", [JobStatus.FAILED], token)
+        # Front-door requests waiting for these jobs hear now (inference.delivery.waiting);
+        # never raises.
+        transaction.on_commit(lambda: notify_finished(o.job.pk for o in outcomes), using=self.db)
+        metrics.record_outcomes(outcomes)
+        return written
+
+    # --- moves on a filtered set ----------------------------------------------------------
+
+    def release(self) -> int:
+        """running → queued for claimed jobs that did not fit a batch: nothing ran, so the
+        attempt is not counted. The caller requeues their messages."""
+        return self.filter(status=JobStatus.RUNNING).update(
+            status=JobStatus.QUEUED,
+            claim_token=None,
+            claimed_at=None,
+            attempts=F("attempts") - 1,
+        )
+
+    def requeue(self) -> int:
+        """running → queued, to be published again (a dead worker's claim, or a job handed to
+        the next backend of its cascade). The attempt stays counted."""
+        return self.filter(status=JobStatus.RUNNING).update(
+            status=JobStatus.QUEUED,
+            claim_token=None,
+            claimed_at=None,
+            started_at=None,
+            published_at=None,
+            worker="",
+        )
+
+    def fail(self, error: str) -> int:
+        """running → failed without an outcome from a model: lost too often, or no backend
+        of its cascade could run it; also a bulk parent whose pieces failed."""
+        metrics.record_leaving(self, JobStatus.RUNNING, JobStatus.FAILED, "gave_up")
+        return self.filter(status=JobStatus.RUNNING).update(
+            status=JobStatus.FAILED, finished_at=timezone.now(), error=error[:4000]
+        )
+
+    def finish_bulk(self, result: dict) -> int:
+        """running → succeeded for a bulk parent, with its pieces' results assembled
+        (vectors stored as bytes, as store_outcomes stores them)."""
+        result, vectors = split_result(result)
+        return self.filter(status=JobStatus.RUNNING, is_bulk=True).update(
+            status=JobStatus.SUCCEEDED,
+            result=result,
+            result_vectors=vectors,
+            finished_at=timezone.now(),
+        )
+
+    def expire(self, reason: str) -> int:
+        """queued → expired: nobody started it within its deadline."""
+        metrics.record_leaving(self, JobStatus.QUEUED, JobStatus.EXPIRED, "deadline")
+        return self.filter(status=JobStatus.QUEUED).update(
+            status=JobStatus.EXPIRED, finished_at=timezone.now(), error=reason
+        )
+
+    def cancel(self) -> int:
+        """queued → cancelled; a job a worker already claimed runs to its end."""
+        metrics.record_leaving(self, JobStatus.QUEUED, JobStatus.CANCELLED, "by_request")
+        return self.filter(status=JobStatus.QUEUED).update(
+            status=JobStatus.CANCELLED, finished_at=timezone.now(), error="cancelled by request"
+        )
+
+    def cancel_bulk(self) -> int:
+        """running → cancelled for a bulk parent: its queued pieces are cancelled by the
+        caller; pieces already running finish, and the chord's callback then finds nothing."""
+        return self.filter(status=JobStatus.RUNNING, is_bulk=True).update(
+            status=JobStatus.CANCELLED, finished_at=timezone.now(), error="cancelled by request"
+        )
+
+    def revive(self) -> int:
+        """failed → queued for dead-lettered jobs an operator sends back (admin "requeue");
+        their attempts start again. The caller publishes them."""
+        return self.filter(status=JobStatus.FAILED, dead_lettered_at__isnull=False).update(
+            status=JobStatus.QUEUED,
+            claim_token=None,
+            claimed_at=None,
+            started_at=None,
+            finished_at=None,
+            published_at=None,
+            dead_lettered_at=None,
+            attempts=0,
+            error="",
+        )
+
+    def retry(self) -> int:
+        """failed → queued for a bulk piece with attempts left (its chord member retries)."""
+        return self.filter(
+            status=JobStatus.FAILED,
+            parent__isnull=False,
+            attempts__lt=settings.RENQ_MAX_ATTEMPTS,
+        ).update(status=JobStatus.QUEUED, claim_token=None, finished_at=None)
+
+    # --- not status changes: aging and the outbox stamp -------------------------------------
+
+    def promote(self, to_tier: str) -> int:
+        """A queued job waiting past its tier's aging threshold now waits in `to_tier`'s queue
+        (the caller re-publishes it there; whichever copy is claimed first runs it)."""
+        return self.filter(status=JobStatus.QUEUED).update(serving_tier=to_tier)
+
+    def mark_published(self) -> int:
+        """RabbitMQ confirmed a dispatch message; the outbox sweep skips these jobs."""
+        return self.filter(published_at__isnull=True).update(published_at=timezone.now())
+
+    def unmark_published(self) -> int:
+        """A publish counted on at INSERT failed: the outbox sweep sends these jobs."""
+        return self.filter(status=JobStatus.QUEUED).update(published_at=None)

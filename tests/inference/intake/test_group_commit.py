@@ -1,0 +1,121 @@
+"""Group commit: submissions made at the same time by one process's threads share a commit and
+a publish, and each still gets the answer it would have got alone."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.db import connection
+
+from inference.dispatch.publishing import ready_message_counts
+from inference.dispatch.queues import service_queues, tier_queue
+from inference.intake import submission
+from inference.intake.admission import AdmissionRefused
+from inference.intake.submission import submit_job
+from inference.models import Job
+from tests.conftest import purge_test_queues
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def first_commit_held(monkeypatch):
+    """Once `waiting` is set, the next commit waits until that many more submissions queue
+    behind it, so they commit together next (as they would under load). Records each execute:
+    its number of statements, its error."""
+    group_commit = submission._group_commit
+    execute = group_commit._execute
+    held = {"waiting": 0, "first": True, "entered": threading.Event()}
+    calls: list[tuple[int, BaseException | None]] = []
+
+    def held_execute(statements):
+        if held["first"] and held["waiting"]:
+            held["first"] = False
+            held["entered"].set()
+            deadline = time.monotonic() + 10
+            while len(group_commit._waiting) < held["waiting"] and time.monotonic() < deadline:
+                time.sleep(0.005)
+        try:
+            execute(statements)
+        except BaseException as exc:
+            calls.append((len(statements), exc))
+            raise
+        calls.append((len(statements), None))
+
+    monkeypatch.setattr(group_commit, "_execute", held_execute)
+    held["calls"] = calls
+    return held
+
+
+def _submit_concurrently(tenant, services: list[str], first_commit_held: dict) -> list:
+    """One thread per job: the first's commit is held while the others submit. Each answer:
+    the job or the exception."""
+    answers: list = [None] * len(services)
+
+    def submit(i: int) -> None:
+        try:
+            answers[i] = submit_job(
+                tenant=tenant, service_name=services[i], payload={"texts": [f"text {i}"]}
+            )
+        except Exception as exc:  # noqa: BLE001 - the answer under test
+            answers[i] = exc
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(services))]
+    threads[0].start()
+    assert first_commit_held["entered"].wait(timeout=30)
+    for thread in threads[1:]:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return answers
+
+
+def test_submissions_arriving_together_commit_and_publish_together(
+    make_tenant, make_service, first_commit_held
+):
+    make_service("noop", name="grouped")  # no worker: messages stay in their queue
+    purge_test_queues(service_queues("grouped"))
+    tenant, _ = make_tenant()
+    first_commit_held["waiting"] = 3
+    groups_before = submission._group_commit.groups_committed
+
+    answers = _submit_concurrently(tenant, ["grouped"] * 4, first_commit_held)
+
+    assert all(isinstance(job, Job) for job in answers), answers
+    assert Job.objects.filter(pk__in=[j.pk for j in answers], status="queued").count() == 4
+    # The first alone; the three that waited for it in one commit and one message.
+    assert submission._group_commit.groups_committed == groups_before + 1
+    assert sorted(first_commit_held["calls"]) == [(3, None), (9, None)]
+    queue = tier_queue("grouped", answers[0].tier)
+    assert ready_message_counts([queue]) == {queue: 2}
+
+
+def test_a_refused_member_leaves_the_others_of_its_group_accepted(
+    make_tenant, make_service, first_commit_held
+):
+    make_service("noop", name="roomy")
+    make_service("noop", name="full", max_queue_size=1)
+    purge_test_queues(service_queues("roomy") + service_queues("full"))
+    tenant, _ = make_tenant()
+    submit_job(tenant=tenant, service_name="full", payload={"texts": ["the one that fits"]})
+    first_commit_held["waiting"] = 3
+
+    answers = _submit_concurrently(tenant, ["roomy", "roomy", "full", "roomy"], first_commit_held)
+
+    refused = answers[2]
+    assert isinstance(refused, AdmissionRefused), refused
+    assert (refused.status_code, refused.quota) == (503, "max_queue_size")
+    accepted = [answers[i] for i in (0, 1, 3)]
+    assert all(isinstance(job, Job) for job in accepted), answers
+    assert Job.objects.filter(service__name="roomy").count() == 3
+    assert Job.objects.filter(service__name="full").count() == 1
+    # The group's commit failed whole; then each member ran alone.
+    errors = [exc for _, exc in first_commit_held["calls"] if exc is not None]
+    assert len(errors) == 2  # the group's, and the full service's own
+    queue = tier_queue("roomy", accepted[0].tier)
+    assert sum(ready_message_counts([queue]).values()) == 3
+
