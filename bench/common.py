@@ -197,7 +197,7 @@ def run_nonce() -> str:
 def wait_finished(query, expected: int, timeout_s: float = 600, poll_s: float = 0.25) -> int:
     """Poll one COUNT (an indexed query, cheap against what it waits for) until `expected`
     jobs of `query` are final. Returns how many were."""
-    from inference.jobs.transitions import TERMINAL_STATUSES
+    from inference.jobs.status import TERMINAL_STATUSES
 
     final = query.filter(status__in=list(TERMINAL_STATUSES))
     deadline = time.time() + timeout_s

@@ -11,8 +11,9 @@ from django.db import models
 from django.dispatch import Signal
 from django.utils import timezone
 
+from inference.jobs.status import TERMINAL_STATUSES, JobStatus
 from inference.jobs.tiers import PLAN_BOOST, Plan, Tier
-from inference.jobs.transitions import TERMINAL_STATUSES, JobQuerySet, JobStatus
+from inference.jobs.transitions import JobQuerySet
 from inference.jobs.vectors import EmbeddingMatrix, render_result, stored_matrix
 
 # Sent after a bulk UPDATE of services, tenants or keys (a QuerySet.update sends no post_save): the

@@ -23,8 +23,8 @@ from inference.intake.audit import record_receipts
 from inference.intake.submission import resolve_service, resolve_tier
 from inference.jobs.inputs import InputError
 from inference.jobs.kinds import CHARS_PER_TOKEN, kind_of
+from inference.jobs.status import TERMINAL_STATUSES
 from inference.jobs.tiers import Tier
-from inference.jobs.transitions import TERMINAL_STATUSES
 from inference.jobs.vectors import with_vectors
 from inference.models import Job, JobStatus, Service, Tenant
 from inference.scheduling.cost_model import BatchCostModel, preemption_budget_s

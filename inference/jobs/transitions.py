@@ -35,6 +35,7 @@ from psycopg2 import Binary
 from psycopg2.extras import execute_values
 
 from inference.delivery.waiting import notify_finished
+from inference.jobs.status import JobStatus
 from inference.jobs.tiers import Tier
 from inference.jobs.vectors import split_result
 from inference.metrics import collector as metrics
@@ -43,22 +44,6 @@ from routing.models import JobRoute
 if TYPE_CHECKING:
     from inference.models import Job
 
-
-class JobStatus(models.TextChoices):
-    QUEUED = "queued", "Queued"
-    RUNNING = "running", "Running"
-    SUCCEEDED = "succeeded", "Succeeded"
-    FAILED = "failed", "Failed"
-    EXPIRED = "expired", "Expired"
-    CANCELLED = "cancelled", "Cancelled"
-
-
-TERMINAL_STATUSES = (
-    JobStatus.SUCCEEDED,
-    JobStatus.FAILED,
-    JobStatus.EXPIRED,
-    JobStatus.CANCELLED,
-)
 
 # (from, to) → the method that makes the move. The table is the contract; tests check that
 # every method only makes the moves listed for it.

@@ -267,8 +267,8 @@ class StateCollector:
 
     @staticmethod
     def _queues():
+        from inference.jobs.status import JobStatus
         from inference.jobs.tiers import TIER_ORDER
-        from inference.jobs.transitions import JobStatus
         from inference.models import Job, Service
 
         depth = GaugeMetricFamily(
