@@ -7,9 +7,13 @@ class InferenceConfig(AppConfig):
     verbose_name = "Inference jobs"
 
     def ready(self) -> None:
-        # Connects the receivers: the audit trail's admin changes, and the per-process caches
-        # dropped when the configuration change marker moves.
-        from inference.intake import (
-            audit,  # noqa: F401
-            lookups,  # noqa: F401
-        )
+        # The state machine sends signals and does nothing else: the metrics and the front
+        # doors' wake-up listen here. The audit trail and the per-process caches connect their
+        # own receivers when imported.
+        from inference.delivery import waiting
+        from inference.intake import audit, lookups  # noqa: F401
+        from inference.jobs import signals
+        from inference.metrics import receivers
+
+        receivers.connect()
+        signals.jobs_finished.connect(waiting.on_jobs_finished, dispatch_uid="renq-wake-waiters")

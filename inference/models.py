@@ -323,6 +323,18 @@ class Job(models.Model):
             )
         ]
 
+
+    def current_route(self):
+        """The job's routing decision (routing's JobRoute), or None for a service without a
+        route."""
+        # RelatedObjectDoesNotExist is also an AttributeError.
+        return getattr(self, "route", None)
+
+    def current_backend(self):
+        """The backend the job's route points at now, or None for a service without a route."""
+        route = self.current_route()
+        return route.backend if route is not None else None
+
     def __str__(self) -> str:
         return f"{self.service_id}:{self.id}"
 

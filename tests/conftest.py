@@ -131,8 +131,8 @@ def _fresh_redis():
 @pytest.fixture(autouse=True)
 def _fresh_process_caches():
     """Each test sees its own rows: drop what this process cached from earlier tests."""
+    from inference.dispatch.broker import forget_consumer_counts
     from inference.dispatch.placement import forget_backlog_counts
-    from inference.dispatch.publishing import forget_consumer_counts
     from inference.intake.lookups import forget_all
 
     for forget in (forget_all, forget_backlog_counts, forget_consumer_counts):

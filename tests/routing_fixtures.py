@@ -164,7 +164,7 @@ def gpu_consumer():
     It takes at most one message and never acks it, so closing hands the message back."""
     from kombu import Consumer
 
-    from inference.dispatch.publishing import forget_consumer_counts
+    from inference.dispatch.broker import forget_consumer_counts
     from inference.dispatch.queues import service_tier_queues
     from renq_site.celery import app
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from inference.dispatch.publishing import current_route
 from inference.intake.bulk import BULK_TIERS, bulk_progress
 from inference.intake.submission import MAX_DEADLINE_MS
 from inference.jobs.tiers import Tier
@@ -140,7 +139,7 @@ class JobAcceptedSerializer(JobSerializer):
     @staticmethod
     def _route(job: Job):
         # Submission caches the routing decision (or "none") on the job: no query here.
-        return current_route(job)
+        return job.current_route()
 
     def get_backend(self, job: Job) -> str | None:
         route = self._route(job)
@@ -172,7 +171,7 @@ def accepted_job_body(job: Job, encoding_format: str = "float") -> dict:
     """JobAcceptedSerializer's output, field for field, without building a serializer: DRF
     builds a ModelSerializer's fields anew for every instance, a tenth of a single-job POST's
     CPU. The two are compared in tests/inference/api/test_jobs.py."""
-    route = current_route(job)
+    route = job.current_route()
     return {
         "id": str(job.pk),
         "service": job.service.name,

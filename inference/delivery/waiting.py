@@ -1,11 +1,11 @@
 """Waiting for a job's outcome without polling: Redis pub/sub, one channel per job.
 
-When a job reaches a final status the state machine (inference.jobs.transitions) calls
-`notify_finished`, which publishes on `renq:job-finished:<job id>` (a batch's jobs in one
-Redis command). A web request waiting for that job (`wait_for_final_job`) subscribes to the
-channel, waits for Redis to confirm the subscription, and only then reads the job's status
-once from Postgres: a job that ends between that read and the wait is still heard of, and one
-that ended before it is seen by the read.
+When a job reaches a final status the state machine (inference.jobs.transitions) sends
+`jobs_finished`; its receiver here (`notify_finished`) publishes on `renq:job-finished:<job
+id>` (a batch's jobs in one Redis command). A web request waiting for that job
+(`wait_for_final_job`) subscribes to the channel, waits for Redis to confirm the subscription,
+and only then reads the job's status once from Postgres: a job that ends between that read and
+the wait is still heard of, and one that ended before it is seen by the read.
 
 Why Redis pub/sub rather than Postgres LISTEN/NOTIFY: every process already talks to Redis, a
 waiter holds a pooled Redis connection (cheap; Redis serves 10,000 clients by default) instead
@@ -83,6 +83,11 @@ def notify_finished(job_ids: Iterable[str | uuid.UUID]) -> None:
         _publish_each_script(shared_redis())(args=channels)
     except Exception:  # noqa: BLE001 - never let a notification break storing outcomes
         logger.warning("could not notify waiters of %d finished jobs", len(channels), exc_info=True)
+
+
+def on_jobs_finished(sender, *, job_ids, **_kwargs) -> None:
+    """The state machine's `jobs_finished` (connected in InferenceConfig.ready())."""
+    notify_finished(job_ids)
 
 
 _async_clients: dict[asyncio.AbstractEventLoop, redis.asyncio.Redis] = {}

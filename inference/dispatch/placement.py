@@ -22,7 +22,8 @@ from django.db.models import Q
 from django.utils import timezone
 
 from inference.dispatch import queues
-from inference.dispatch.publishing import consumer_count, publish_on_commit
+from inference.dispatch.broker import consumer_count
+from inference.dispatch.publishing import publish_on_commit
 from inference.jobs.kinds import kind_of
 from inference.jobs.tiers import TIER_ORDER, Tier
 from inference.jobs.transitions import Outcome

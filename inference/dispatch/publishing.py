@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -41,15 +40,11 @@ DEAD_LETTER_TASK = "inference.dead_letter"
 # eighth of the service's batch_size, at least 8 and at most 64. Enough that publishing,
 # confirming, fetching and acking a message are paid once per several jobs; few enough that
 # the jobs a batch cannot take (they wait, claimed, for the worker's next batch) stay a small
-# share of a batch and never crowd out other tiers' share. (A fixed 8 made a 100-job
-# submission 13 messages for a no-op service batching 256: at 32 to a message, 100 per POST
-# went from 4,702 to 6,207 accepted jobs/s, `bench/run_all.py --only noop`.)
+# share of a batch and never crowd out other tiers' share.
 MIN_JOBS_PER_MESSAGE = 8
 MAX_JOBS_PER_MESSAGE = 64
 # A publish RabbitMQ has not confirmed by then counts as failed (the outbox sends it again).
 CONFIRM_TIMEOUT_S = 10.0
-# How long a consumer count read from RabbitMQ is trusted (one round trip per queue).
-CONSUMER_COUNT_TTL_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -60,26 +55,12 @@ class Destination:
     priority: int
 
 
-def current_route(job: Job):
-    """The job's routing decision (JobRoute), or None for a service without a route."""
-    try:
-        return job.route
-    except Job.route.RelatedObjectDoesNotExist:
-        return None
-
-
-def current_backend(job: Job):
-    """The backend the job's route points at now, or None for a service without a route."""
-    route = current_route(job)
-    return route.backend if route is not None else None
-
-
 def destination(job: Job) -> Destination:
     if job.parent_id is not None:
         return Destination(
             RUN_JOB_TASK, (str(job.pk),), queues.bulk_queue(job.service.name), job.message_priority
         )
-    backend = current_backend(job)
+    backend = job.current_backend()
     # The tier queue it waits in: its own, or the one aging promoted it to.
     tier = job.serving_tier or job.tier
     if backend is not None and backend.adapter().placement is Placement.IO_WORKERS:
@@ -343,61 +324,3 @@ def republish_unpublished(older_than_s: float = 10.0) -> int:
         status=JobStatus.QUEUED, published_at__isnull=True, created_at__lt=cutoff
     ).select_related("service", "route__backend")[:1000]
     return publish_many(list(stale))
-
-
-_consumer_counts: dict[tuple[str, ...], tuple[float, int]] = {}
-
-
-def consumer_count(queue_names: Sequence[str]) -> int:
-    """How many consumers RabbitMQ has on these queues. RabbitMQ drops a consumer the moment
-    its worker's connection closes (crash, kill, shutdown), so this sees a stopped worker at
-    once, where a heartbeat would need a timeout. Cached for CONSUMER_COUNT_TTL_S per process;
-    when the broker cannot be asked, workers are assumed present (a broker outage is not a
-    dead worker)."""
-    key = tuple(queue_names)
-    now = time.monotonic()
-    cached = _consumer_counts.get(key)
-    if cached and cached[0] > now:
-        return cached[1]
-    total = 0
-    try:
-        with app.connection_for_read() as connection:
-            for name in queue_names:
-                channel = connection.channel()
-                try:
-                    total += channel.queue_declare(queue=name, passive=True).consumer_count
-                except connection.channel_errors:
-                    pass  # never declared: nobody consumes it (the 404 closed the channel)
-                finally:
-                    try:
-                        channel.close()
-                    except Exception:  # noqa: BLE001 - a channel the 404 already closed
-                        pass
-    except Exception:  # noqa: BLE001 - broker unreachable: assume workers
-        logger.warning("could not read consumer counts for %s", queue_names, exc_info=True)
-        return 1
-    _consumer_counts[key] = (now + CONSUMER_COUNT_TTL_S, total)
-    return total
-
-
-def ready_message_counts(queue_names: Sequence[str]) -> dict[str, int]:
-    """Messages waiting (not delivered) in each queue, as RabbitMQ counts them; a queue that
-    was never declared counts 0. Raises when the broker cannot be asked."""
-    counts: dict[str, int] = {}
-    with app.connection_for_read() as connection:
-        for name in queue_names:
-            channel = connection.channel()
-            try:
-                counts[name] = channel.queue_declare(queue=name, passive=True).message_count
-            except connection.channel_errors:
-                counts[name] = 0
-            finally:
-                try:
-                    channel.close()
-                except Exception:  # noqa: BLE001 - a channel the 404 already closed
-                    pass
-    return counts
-
-
-def forget_consumer_counts() -> None:
-    _consumer_counts.clear()

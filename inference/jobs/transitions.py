@@ -34,11 +34,10 @@ from django.utils import timezone
 from psycopg2 import Binary
 from psycopg2.extras import execute_values
 
-from inference.delivery.waiting import notify_finished
+from inference.jobs import signals
 from inference.jobs.status import JobStatus
 from inference.jobs.tiers import Tier
 from inference.jobs.vectors import split_result
-from inference.metrics import collector as metrics
 from routing.models import JobRoute
 
 if TYPE_CHECKING:
@@ -240,6 +239,19 @@ def _from_row(db: str, row: tuple, layout: tuple):
     return part.from_db(db, attnames, values)
 
 
+def _finished_on_commit(model, job_ids: list, using: str) -> None:
+    """Waiters hear of final jobs once the rows they will read are committed."""
+    transaction.on_commit(
+        lambda: signals.jobs_finished.send(model, job_ids=job_ids), using=using
+    )
+
+
+def _leaving(queryset: JobQuerySet, from_status: str, status: str, reason: str) -> None:
+    signals.jobs_leaving.send(
+        queryset.model, queryset=queryset, from_status=from_status, status=status, reason=reason
+    )
+
+
 class JobQuerySet(models.QuerySet):
     # --- the worker's claim and its outcomes -------------------------------------------------
 
@@ -296,12 +308,13 @@ class JobQuerySet(models.QuerySet):
             if route_backend_id is not None:
                 claim.route_backend_ids[job.pk] = route_backend_id
         if claim.expired:
-            metrics.record_jobs(claim.expired, JobStatus.EXPIRED, "deadline")
+            signals.jobs_ended.send(
+                self.model, jobs=claim.expired, status=JobStatus.EXPIRED, reason="deadline"
+            )
             self.model.objects.filter(
                 pk__in=[j.pk for j in claim.expired], claim_token=token, status=JobStatus.RUNNING
             ).update(status=JobStatus.EXPIRED, finished_at=now, error=EXPIRED_IN_QUEUE)
-            # Front-door requests waiting for these jobs hear now (inference.delivery.waiting).
-            transaction.on_commit(lambda: notify_finished(j.pk for j in claim.expired))
+            _finished_on_commit(self.model, [j.pk for j in claim.expired], self.db)
         return claim
 
     def store_outcomes(self, token: uuid.UUID, outcomes: Sequence[Outcome]) -> int:
@@ -357,10 +370,8 @@ class JobQuerySet(models.QuerySet):
             ]
             written += len(failed_now)
             _audit(cursor, failed_now, "completed", [JobStatus.FAILED], token)
-        # Front-door requests waiting for these jobs hear now (inference.delivery.waiting);
-        # never raises.
-        transaction.on_commit(lambda: notify_finished(o.job.pk for o in outcomes), using=self.db)
-        metrics.record_outcomes(outcomes)
+        _finished_on_commit(self.model, [o.job.pk for o in outcomes], self.db)
+        signals.outcomes_stored.send(self.model, outcomes=outcomes)
         return written
 
     # --- moves on a filtered set ----------------------------------------------------------
@@ -390,7 +401,7 @@ class JobQuerySet(models.QuerySet):
     def fail(self, error: str) -> int:
         """running → failed without an outcome from a model: lost too often, or no backend
         of its cascade could run it; also a bulk parent whose pieces failed."""
-        metrics.record_leaving(self, JobStatus.RUNNING, JobStatus.FAILED, "gave_up")
+        _leaving(self, JobStatus.RUNNING, JobStatus.FAILED, "gave_up")
         return self.filter(status=JobStatus.RUNNING).update(
             status=JobStatus.FAILED, finished_at=timezone.now(), error=error[:4000]
         )
@@ -408,14 +419,14 @@ class JobQuerySet(models.QuerySet):
 
     def expire(self, reason: str) -> int:
         """queued → expired: nobody started it within its deadline."""
-        metrics.record_leaving(self, JobStatus.QUEUED, JobStatus.EXPIRED, "deadline")
+        _leaving(self, JobStatus.QUEUED, JobStatus.EXPIRED, "deadline")
         return self.filter(status=JobStatus.QUEUED).update(
             status=JobStatus.EXPIRED, finished_at=timezone.now(), error=reason
         )
 
     def cancel(self) -> int:
         """queued → cancelled; a job a worker already claimed runs to its end."""
-        metrics.record_leaving(self, JobStatus.QUEUED, JobStatus.CANCELLED, "by_request")
+        _leaving(self, JobStatus.QUEUED, JobStatus.CANCELLED, "by_request")
         return self.filter(status=JobStatus.QUEUED).update(
             status=JobStatus.CANCELLED, finished_at=timezone.now(), error="cancelled by request"
         )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import uuid
 
-from inference.dispatch.publishing import current_backend
 from inference.intake.admission import AdmissionRefused
 from inference.intake.submission import submit_job
 from inference.jobs.inputs import InputError
@@ -80,7 +79,7 @@ def cancel_if_queued(job_id: uuid.UUID) -> None:
 def renq_headers(job: Job) -> dict[str, str]:
     headers = {"X-Renq-Job-Id": str(job.pk)}
     if job.is_terminal:
-        backend = current_backend(job)
+        backend = job.current_backend()
         headers["X-Renq-Backend"] = backend.name if backend is not None else "local"
         if job.queue_wait_ms is not None:
             headers["X-Renq-Queue-Wait-Ms"] = f"{job.queue_wait_ms:.1f}"

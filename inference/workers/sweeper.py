@@ -19,13 +19,12 @@ from django.utils import timezone
 from inference.batches.tasks import restart_stalled_batches
 from inference.config.tiers import tier_policies
 from inference.dispatch import queues
+from inference.dispatch.broker import consumer_count, ready_message_counts
 from inference.dispatch.placement import hand_on
 from inference.dispatch.publishing import (
-    consumer_count,
     destination,
     publish,
     publish_many,
-    ready_message_counts,
     republish_unpublished,
 )
 from inference.intake.bulk import finish_stalled_bulks

@@ -51,7 +51,7 @@ def _chaos_queue_prefix():
     chaos scenarios' jobs around the faults."""
     from django.conf import settings
 
-    from inference.dispatch.publishing import forget_consumer_counts
+    from inference.dispatch.broker import forget_consumer_counts
 
     saved = settings.RENQ_QUEUE_PREFIX
     settings.RENQ_QUEUE_PREFIX = CHAOS_QUEUE_PREFIX

@@ -488,7 +488,7 @@ def test_cloud_routed_jobs_rescued_when_io_workers_die(
 
 @pytest.mark.chaos
 def test_poison_job_among_200_good_ones(scenario):
-    from inference.dispatch.publishing import ready_message_counts
+    from inference.dispatch.broker import ready_message_counts
     from inference.dispatch.queues import dead_letter_queue
 
     s = scenario

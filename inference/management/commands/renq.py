@@ -17,7 +17,7 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 from django.db.models import Count
 
-from inference.dispatch.publishing import consumer_count
+from inference.dispatch.broker import consumer_count
 from inference.dispatch.queues import service_tier_queues
 from inference.jobs.tiers import TIER_ORDER
 from inference.models import Job, JobStatus, Service

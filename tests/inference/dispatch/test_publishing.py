@@ -75,7 +75,7 @@ def test_a_submission_is_published_with_no_second_write_to_its_job(make_tenant, 
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
-    from inference.dispatch.publishing import ready_message_counts
+    from inference.dispatch.broker import ready_message_counts
     from inference.dispatch.queues import service_queues, tier_queue
     from inference.intake.submission import submit_job
     from tests.conftest import purge_test_queues
@@ -126,7 +126,7 @@ def test_a_publish_that_fails_at_submission_leaves_the_job_to_the_outbox(
     make_tenant, make_service, monkeypatch
 ):
     from inference.dispatch import publishing
-    from inference.dispatch.publishing import ready_message_counts
+    from inference.dispatch.broker import ready_message_counts
     from inference.dispatch.queues import service_queues, tier_queue
     from inference.intake.submission import submit_job
     from tests.conftest import purge_test_queues
@@ -167,7 +167,7 @@ def test_a_publish_after_the_kept_connection_died_still_reaches_the_queue(
     # A broker restart kills the connections kept between publishes; the next submission
     # must not be left to the outbox because of it.
     from inference.dispatch import publishing
-    from inference.dispatch.publishing import ready_message_counts
+    from inference.dispatch.broker import ready_message_counts
     from inference.dispatch.queues import service_queues, tier_queue
     from inference.intake.submission import submit_job
     from tests.conftest import purge_test_queues
@@ -196,7 +196,7 @@ def test_jobs_submitted_together_travel_an_eighth_of_a_batch_to_a_message(
     # 100 jobs in one submission: 8 to a message for a service batching 64 (13 messages),
     # 32 for one batching 256, never more than 64. Each message is a publish, a confirm, a
     # fetch and an ack; the jobs of one the batch cannot take wait claimed for the next.
-    from inference.dispatch.publishing import ready_message_counts
+    from inference.dispatch.broker import ready_message_counts
     from inference.dispatch.queues import service_queues, tier_queue
     from inference.intake.submission import accept, prepare
     from tests.conftest import purge_test_queues

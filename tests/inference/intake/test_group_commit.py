@@ -9,7 +9,7 @@ import time
 import pytest
 from django.db import connection
 
-from inference.dispatch.publishing import ready_message_counts
+from inference.dispatch.broker import ready_message_counts
 from inference.dispatch.queues import service_queues, tier_queue
 from inference.intake import submission
 from inference.intake.admission import AdmissionRefused

@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 from prometheus_client.parser import text_string_to_metric_families
 
-from inference.metrics import collector as metrics
+from inference.metrics import collector, events
 from inference.models import Job
 from routing.models import Backend, Route, RouteEntry
 from tests.conftest import WorkerProcess, purge_test_queues, wait_for_job
@@ -27,7 +27,7 @@ def metrics_dir(tmp_path, monkeypatch):
     directory = tmp_path / "prometheus"
     directory.mkdir()
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
-    monkeypatch.setattr(metrics, "METRICS_DIR", str(directory))
+    monkeypatch.setattr(collector, "METRICS_DIR", str(directory))
     return directory
 
 
@@ -114,8 +114,8 @@ def test_metrics_after_real_jobs(metrics_dir, api, make_service):
 
 
 def test_a_metric_failure_never_reaches_the_caller(caplog):
-    metrics.observe_batch(object(), [object()])  # not a service, not outcomes
-    metrics.record_outcomes([object()])
+    events.observe_batch(object(), [object()])  # not a service, not outcomes
+    events.record_outcomes([object()])
     assert "metrics: could not" in caplog.text
 
 
@@ -137,8 +137,8 @@ def test_the_grafana_dashboard_charts_only_metrics_renq_exports():
     used = {re.sub(r"_(bucket|sum|count|total)$", "", m) for e in exprs
             for m in re.findall(r"renq_[a-z0-9_]+", e)}  # fmt: skip
     exported = {
-        collector._name for collector in vars(metrics).values()
-        if hasattr(collector, "_name") and hasattr(collector, "labels")
+        metric._name for metric in vars(events).values()
+        if hasattr(metric, "_name") and hasattr(metric, "labels")
     } | {"renq_queue_depth", "renq_jobs_running", "renq_backend_rate_limit_headroom",
          "renq_backend_cooldown", "renq_backend_breaker_state"}  # fmt: skip
     assert used and used <= exported, used - exported

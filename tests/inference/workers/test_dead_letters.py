@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.dispatch.publishing import ready_message_counts
+from inference.dispatch.broker import ready_message_counts
 from inference.dispatch.queues import dead_letter_queue
 from inference.engines.noop import POISON_TEXT
 from inference.intake.submission import requeue_dead_lettered, submit_job

@@ -357,7 +357,7 @@ def test_the_next_batches_run_while_the_store_thread_writes_the_last_ones_outcom
     # Postgres takes 300 ms to store each batch's outcomes. The loop does not wait for that
     # write before forming, claiming and running the batch after next (storing on the loop's
     # own thread, it did), and every message is still acked once its jobs are stored.
-    from inference.dispatch.publishing import ready_message_counts
+    from inference.dispatch.broker import ready_message_counts
     from inference.dispatch.queues import tier_queue
     from inference.jobs.transitions import JobQuerySet
 

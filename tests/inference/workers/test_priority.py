@@ -10,7 +10,7 @@ from collections import Counter
 import pytest
 from django.utils import timezone
 
-from inference.dispatch.publishing import ready_message_counts
+from inference.dispatch.broker import ready_message_counts
 from inference.dispatch.queues import tier_queue
 from inference.intake.submission import submit_job
 from inference.models import Job, JobStatus
