@@ -287,8 +287,8 @@ class Job(models.Model):
         # Every index is written on each INSERT and on each status change (a status change
         # is never a HOT update), three times in a job's life: only what a query needs, and
         # partial where the rows a query asks for are a small, shrinking share (the active
-        # jobs, bulk pieces, cached services' jobs). With one index per column the job
-        # table's indexes were most of Postgres's CPU per job.
+        # jobs, bulk pieces, cached services' jobs), so index upkeep stays a small part of
+        # Postgres's work per job.
         indexes = [
             models.Index(fields=["tenant", "-created_at"]),
             # Queue depth, admission, placement, metrics, sweeps: active jobs only.

@@ -1,4 +1,6 @@
-"""The Celery app. Reliability settings follow ../shared/notes/celery-rabbitmq-pitfalls.md."""
+"""The Celery app: reliability settings (late acks, prefetch 1, publisher confirms, a task
+limit under RabbitMQ's consumer_timeout), the beat schedule, and the queue topology of
+inference.dispatch.queues. Each setting says why beside it."""
 
 import os
 
@@ -38,7 +40,7 @@ app.conf.update(
     result_expires=3600,
     # Flower needs the workers' events (received, started, succeeded, ...). Not task-sent:
     # Celery publishes it on the publisher's confirm channel, a second publish and confirm
-    # per dispatch message on the submit path (0.4 ms of the web's CPU per message, measured).
+    # per dispatch message on the submit path.
     worker_send_task_events=True,
     task_send_sent_event=False,
     task_serializer="json",
@@ -67,10 +69,10 @@ app.conf.update(
 )
 # Celery's Django fixup force-closes every database connection before and after each task
 # unless CELERY_DB_REUSE_MAX is set: the GPU worker's tasks are short at idle (one realtime
-# job), and a fresh Postgres session per task cost ~5 ms to connect plus ~5 ms more for the
-# first claim on a cold backend (measured in the worker: 10 ms of an idle job's 20 ms
-# overhead). Sessions are reused for up to 1,000 tasks; inference.tasks closes unusable or
-# obsolete ones (CONN_MAX_AGE, health checks) at each task start, as Django does per request.
+# job), and a fresh Postgres session (a connect, then a first query on a cold backend) would
+# be much of such a job's overhead. Sessions are reused for up to 1,000 tasks; inference.tasks
+# closes unusable or obsolete ones (CONN_MAX_AGE, health checks) at each task start, as
+# Django does per request.
 app.conf["CELERY_DB_REUSE_MAX"] = 1000
 app.autodiscover_tasks()
 # The Batch API's step task lives with the Batch API (inference/batches/tasks.py).

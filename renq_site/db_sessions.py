@@ -2,8 +2,8 @@
 
 Web lanes, the front door's database threads and workers keep their sessions (CONN_MAX_AGE).
 With CONN_HEALTH_CHECKS, Django checks a kept session with a SELECT 1 round trip before the
-first query of every request or task: under load that was one round trip in five of a
-single-job POST (and the front door checked before each of its database calls). Here a session
+first query of every request or task (and the front door would check before each of its
+database calls): a round trip that a busy session, just used, does not need. Here a session
 checked less than SESSION_CHECK_INTERVAL_S ago is trusted. One that broke since (a Postgres
 restart) fails its next query: the request answers 503 with Retry-After, or the task's message
 goes back to its queue, and Django replaces the session at the next request or task.

@@ -5,9 +5,7 @@ models' metadata, URL patterns, a model's tokenizer) that live as long as it doe
 collection of the oldest generation walks all of them again. Freezing them once the process
 is ready moves them to a permanent generation that collections skip: the use the Python docs
 give gc.freeze() for in servers that fork. What the process allocates afterwards is collected
-as before. In the no-op bench (bench/run_all.py --only noop, three runs each way, alternating)
-100 jobs per POST went from 4,745-4,987 to 5,054-5,278 completed jobs/s with the web and
-worker processes frozen this way.
+as usual, and each full collection costs what the process does, not what it loaded.
 """
 
 from __future__ import annotations

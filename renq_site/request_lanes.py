@@ -2,9 +2,9 @@
 
 Django's ASGIHandler gives every request a fresh ThreadSensitiveContext, so a request's
 synchronous code (sync middleware, signals, a sync view) runs on a thread made for that request
-alone. Connections are per thread, so every request opened a new PostgreSQL session (a forked
-backend, authentication, catalog caches: measured at 1.03 sessions and ~15 ms of Postgres CPU
-per single-job POST) and CONN_MAX_AGE could reuse nothing.
+alone. Connections are per thread, so every request would open a new PostgreSQL session (a
+forked backend, authentication, catalog caches: more Postgres work than the request's own
+queries) and CONN_MAX_AGE could reuse nothing.
 
 Here each request is put on the least busy of `lanes` long-lived contexts; asgiref keeps one
 thread per context, so a request's synchronous parts still run on one thread (what Django's
@@ -16,11 +16,10 @@ A request's synchronous work is one hop onto its lane: the request_started signa
 the request, the middleware chain (the synchronous one a WSGI server runs) and the view, and,
 for a response whose body is already in memory, its close (the request_finished signal). Each
 crossing between the event loop and a lane wakes both threads. Django's async chain adapts
-each middleware separately, so a REST request crossed a dozen times (the web's CPU per
-single-job POST was about 2 × the in-process test client's); its handler also crosses once
-per signal and watches for a disconnect in a task of its own, which a synchronous view cannot
-act on anyway. A streaming response (static files) is closed after its body is sent, as
-Django does it.
+each middleware separately, so a REST request would cross a dozen times; its handler also
+crosses once per signal and watches for a disconnect in a task of its own, which a
+synchronous view cannot act on anyway. A streaming response (static files) is closed after
+its body is sent, as Django does it.
 """
 
 from __future__ import annotations

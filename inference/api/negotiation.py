@@ -1,8 +1,8 @@
 """Content negotiation without parsing the Accept header that API clients send.
 
 Clients of the REST API send no Accept header, `*/*` (requests, curl, httpx) or
-`application/json`; for those DRF's negotiation parsed media types and their precedence on every
-request, 5 % of the web's CPU per single-job POST. Those three are answered here as DRF would
+`application/json`; for those DRF's negotiation would parse media types and their precedence on
+every request, for the same answer each time. Those three are answered here as DRF would
 answer them; anything else (a browser asking for text/html: the browsable API) and a `?format=`
 override are negotiated by DRF itself.
 """

@@ -169,8 +169,8 @@ _CREATED_AT = serializers.DateTimeField()
 
 def accepted_job_body(job: Job, encoding_format: str = "float") -> dict:
     """JobAcceptedSerializer's output, field for field, without building a serializer: DRF
-    builds a ModelSerializer's fields anew for every instance, a tenth of a single-job POST's
-    CPU. The two are compared in tests/inference/api/test_jobs.py."""
+    builds a ModelSerializer's fields anew for every instance, on every submission. The two
+    are compared in tests/inference/api/test_jobs.py."""
     route = job.current_route()
     return {
         "id": str(job.pk),

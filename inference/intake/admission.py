@@ -160,7 +160,7 @@ class QueueCapacityCheck:
     commit, so concurrent submitters are serialized for one count and none overshoots),
     counts, and aborts the transaction when the jobs do not fit (`renq_admit_to_queue`,
     migration 0011). The lock is held for the server's own work only, never across a round
-    trip to the web process (under load, lock waits were most of a POST's latency)."""
+    trip to the web process, so concurrent submitters wait for a count, not for the network."""
 
     service: Service
     tier: str

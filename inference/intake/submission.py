@@ -239,9 +239,9 @@ def _capacity_check(requests: Sequence[JobRequest], indexes: list[int]) -> Queue
 
 class NewJobRow:
     """Builds unsaved Job instances from their fields' positions. `Job(**fields)` resolves
-    every field it is not given (a default call per field, keyword lookups): for a POST of
-    100 jobs that was a fifth of the web's CPU. Here the defaults are taken once, and only
-    the callable ones (the id) are called per job."""
+    every field it is not given (a default call per field, keyword lookups), per job, on the
+    submit path. Here the defaults are taken once, and only the callable ones (the id) are
+    called per job."""
 
     def __init__(self, model: type[Job] = Job):
         self.model = model

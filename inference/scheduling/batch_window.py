@@ -92,8 +92,8 @@ class BatchWindow(Generic[T]):
                 return self.predict_s(int(tokens)) <= self.max_run_s
             return True
 
-        # More jobs only add tokens and run time: the most that fit, by bisection (a window of
-        # 256 asked the cost model 256 times before every pull).
+        # More jobs only add tokens and run time: the most that fit, by bisection, so a large
+        # window asks the cost model a few times before a pull, not once per slot.
         low, high = 0, slots
         while low < high:
             middle = (low + high + 1) // 2

@@ -29,8 +29,8 @@ logger = logging.getLogger(__name__)
 
 # Weight of the newest sample: ~10 batches dominate, so a change of load shows within seconds.
 EWMA_ALPHA = 0.2
-# Until a service has been measured: a conservative guess (a 2-core CPU running MiniLM takes
-# ~0.1 ms per token with one thread); the first real batch replaces it.
+# Until a service has been measured: a slow CPU's cost (seconds per padded token, per batch),
+# so its first batches err short rather than long; the first real batch replaces it.
 PRIOR_PER_TOKEN_S = 1e-4
 PRIOR_PER_BATCH_S = 0.005
 # Padding allowance when the engine does not say (inference.engines.base.Engine).
@@ -71,7 +71,7 @@ class BatchCost:
 
 class BatchCostModel:
     """`reuse_s`: how long one read of the model is reused (the worker loop reads it twice a
-    batch; a Redis round trip each was a tenth of an idle realtime job's overhead). Its own
+    batch, and a Redis round trip each would sit on an idle realtime job's path). Its own
     observations refresh it at once; other workers' within `reuse_s`."""
 
     def __init__(
@@ -151,8 +151,7 @@ class BatchCostModel:
 
 # The batch former aims non-realtime passes at this fraction of the preemption budget: the
 # budget bounds a realtime job's whole wait, which is the pass it finds running plus its own
-# dispatch (publish, pull, claim: tens of ms on a loaded CPU), and predictions err (p99 of a
-# pass ran 16 % over its budget in the bench when aimed at the full budget).
+# dispatch (publish, pull, claim), and a pass can run longer than predicted.
 PASS_TARGET_FRACTION = 0.8
 
 
