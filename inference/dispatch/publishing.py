@@ -81,9 +81,9 @@ def destination(job: Job) -> Destination:
 class ConfirmChannels:
     """Broker channels in confirm mode, one per concurrent publisher, kept between publishes.
 
-    Celery's own path (`as_task_v2`, `send_task_message`, kombu's producer pool and
-    `Producer.publish`) cost 0.31 ms of CPU per message; this one, the same message on a
-    kept channel, 0.15 ms (`bench/hot_path_pieces.py`). A channel that fails is dropped: a
+    Celery's own path (`as_task_v2`, `send_task_message`, kombu's producer pool) builds and
+    checks out a producer per message; this sends the same message on a kept channel. A
+    channel that fails is dropped: a
     kept one may have died while idle (a broker restart), so that failure is tried once more
     on a new channel; a new one failing raises to the caller.
     """

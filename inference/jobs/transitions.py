@@ -61,10 +61,9 @@ TRANSITIONS: dict[tuple[str, str], str] = {
 
 EXPIRED_IN_QUEUE = "waited longer than the service's queue_timeout before a worker was free"
 
-# The claimed rows come back with their service and tenant (one round trip: a worker claims
-# between forward passes, so the ORM's second SELECT and its SQL compilation were a third of
-# the drain loop's own time), and the backend their route chose, if any (storing the outcome
-# records a routed job's attempt; asking after the pass was a round trip on every job's path).
+# The claimed rows come back with their service, tenant and route's backend in the claim's
+# own round trip: a worker claims between forward passes, and storing a routed job's outcome
+# records its attempt on that backend, so asking later would put a round trip on every job.
 _CLAIM_SQL = """
 UPDATE inference_job AS j
    SET status = 'running', claim_token = %(token)s, claimed_at = %(now)s,
@@ -83,8 +82,8 @@ RETURNING {columns},
 # when the WAL writer flushes it (within 3 x wal_writer_delay) or a later synchronous commit
 # does (the store of the same jobs, at the latest). A Postgres crash in between can only undo
 # the claim: the job is queued again, the store under the lost token writes nothing, and the
-# lost-message sweep republishes it, so it still runs. Waiting for the flush was 1.3 ms of an
-# idle realtime job's claim on this machine's disk (the pools scenario, traced).
+# lost-message sweep republishes it, so it still runs; an idle realtime job's claim does not
+# wait on the disk.
 _ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off;\n"
 
 _POISON_SQL = """
