@@ -2,7 +2,7 @@
 no broker and no database. `make bench` runs it on the CPU (the in-process scenario); on a
 GPU machine it gives issue 9's batch-512 figure.
 
-The loop has the worker's shape (inference/workers/gpu.py): while the model thread runs batch n
+The loop has the worker's shape (inference/workers/gpu/loop.py): while the model thread runs batch n
 (engine.run_batch), the main thread forms batch n+1 (token counts from the engine's tokenizer,
 a BatchWindow) and the store thread encodes batch n-1's embeddings as the worker stores them
 (float32 bytes). The worker's pulls and claims, RabbitMQ and Postgres round trips, are not

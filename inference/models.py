@@ -389,6 +389,3 @@ class AuditEvent(models.Model):
     def __str__(self) -> str:
         return f"{self.at:%Y-%m-%d %H:%M:%S} {self.kind} {self.job_id or ''}"
 
-
-# The Batch API's files and batches (inference.batches) belong to this app and its migrations.
-from inference.batches.models import Batch, BatchFile, BatchRequest  # noqa: E402, F401

@@ -24,7 +24,7 @@ from inference.intake.bulk import fail_bulk, finish_bulk, retry_failed_piece
 from inference.jobs.tiers import TIER_NAMES
 from inference.workers.cloud import run_cloud_attempt
 from inference.workers.cpu_pinning import keep_off_model_cores
-from inference.workers.gpu import BatchRunner
+from inference.workers.gpu.runner import BatchRunner
 from inference.workers.sweeper import expire_overdue, promote_waiting_jobs, sweep_jobs
 from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool, message_job_ids
 from inference.workers.warmup import warm_engines_for_consumed_queues
@@ -48,7 +48,7 @@ INFRASTRUCTURE_BACKOFF_S = 1.0
 
 
 def _tier_weights() -> dict[str, float]:
-    """config.yaml `tiers:` weights, read when a reader (re)opens."""
+    """config.yaml `tiers:` weights, read when a reader (re)opens and after a config change."""
     return {tier: policy.weight for tier, policy in tier_policies().items()}
 
 

@@ -74,6 +74,5 @@ app.conf.update(
 # closes unusable or obsolete ones (CONN_MAX_AGE, health checks) at each task start, as
 # Django does per request.
 app.conf["CELERY_DB_REUSE_MAX"] = 1000
+# Every installed app's tasks.py: inference's and the Batch API's (inference.batch_api).
 app.autodiscover_tasks()
-# The Batch API's step task lives with the Batch API (inference/batches/tasks.py).
-app.autodiscover_tasks(["inference.batches"])

@@ -43,6 +43,8 @@ INSTALLED_APPS = [
     "inference",
     # config.yaml's model layer, tier policies and the change marker workers poll.
     "inference.config",
+    # The Batch API: its own models and migrations, on the inference app's tables.
+    "inference.batch_api",
     "routing",
 ]
 
@@ -145,6 +147,8 @@ RENQ_MODEL_CPUS = os.environ.get("RENQ_MODEL_CPUS", "")
 # Largest request body accepted (413 above it); Django's own parser limit follows it.
 RENQ_MAX_REQUEST_BYTES = int(os.environ.get("RENQ_MAX_REQUEST_BYTES", str(4 * 1024 * 1024)))
 DATA_UPLOAD_MAX_MEMORY_SIZE = RENQ_MAX_REQUEST_BYTES
+# Seconds a result is served from the cache (a service's enable_cache) after its job was sent.
+RENQ_RESULT_CACHE_TTL_S = float(os.environ.get("RENQ_RESULT_CACHE_TTL_S", "86400"))
 # How long a service's (or the I/O) queues may have no consumer before their jobs are handed
 # to the next fallback: longer than a worker restart with its model load.
 RENQ_STRANDED_AFTER_S = float(os.environ.get("RENQ_STRANDED_AFTER_S", "30"))

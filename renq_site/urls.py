@@ -3,7 +3,9 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 
+from inference.batch_api import urls as batch_api_urls
 from inference.metrics.collector import metrics_view
+from inference.openai_api import urls as openai_api_urls
 from renq_site import health
 
 urlpatterns = [
@@ -14,8 +16,17 @@ urlpatterns = [
     path("metrics", metrics_view, name="metrics"),
     path("admin/", admin.site.urls),
     path("api/v1/", include("inference.api.urls")),
-    # The OpenAI-compatible front door (async views; renq_site.asgi serves them thread-free).
-    path("v1/", include("inference.openai_api.urls")),
+    # The OpenAI-compatible front door (async views; renq_site.asgi serves them thread-free)
+    # and the Batch API built on it, joined here in the front door's one namespace.
+    path(
+        "v1/",
+        include(
+            (
+                openai_api_urls.urlpatterns + batch_api_urls.urlpatterns,
+                openai_api_urls.app_name,
+            )
+        ),
+    ),
     path(
         "api/schema/",
         SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),

@@ -1,21 +1,16 @@
-"""Load backends and routes from a YAML file (e.g. fixtures/routing.yaml) into Postgres.
+"""Apply backends and routes, given as plain data, to Postgres: the routing half of
+config.yaml, which `inference.config.file` reads, validates and hands over in this list form.
 
-    backends:
-      - name: free-cloud
-        kind: openai
-        base_url: ${RENQ_FAKE_UPSTREAM_URL:-http://127.0.0.1:8099}/v1
-        model_name: text-embedding-3-small
-        api_key_env: FREE_CLOUD_API_KEY     # the variable's NAME; keys are never in files
-        service_kinds: [embedding]
-        rpm_limit: 20
-    routes:
-      - service: embedding
-        entries:
-          - {backend: local-embedding, order: 0}
-          - {backend: free-cloud, order: 1, weight: 100}
+    {"backends": [{"name": "free-cloud", "kind": "openai",
+                   "base_url": "${RENQ_FAKE_UPSTREAM_URL:-http://127.0.0.1:8099}/v1",
+                   "api_key_env": "FREE_CLOUD_API_KEY",   # the variable's NAME, never a key
+                   "service_kinds": ["embedding"], "rpm_limit": 20}],
+     "routes": [{"service": "embedding",
+                 "entries": [{"backend": "local-embedding", "order": 0},
+                             {"backend": "free-cloud", "order": 1, "weight": 100}]}]}
 
 Strings may use ${VAR} and ${VAR:-default}. Loading is idempotent: backends are updated by
-name, and each listed route's entries are replaced by the file's.
+name, and each listed route's entries are replaced by the given ones.
 """
 
 from __future__ import annotations
@@ -23,10 +18,8 @@ from __future__ import annotations
 import os
 import re
 from decimal import Decimal
-from pathlib import Path
 from typing import Any
 
-import yaml
 from django.core.exceptions import ValidationError
 from django.db import transaction
 
@@ -134,8 +127,3 @@ def load_routing_config(data: dict) -> dict[str, int]:
             )
             entries += 1
     return {"backends": len(backends), "routes": len(routes), "entries": entries}
-
-
-def load_routing_file(path: str | Path) -> dict[str, int]:
-    with open(path) as handle:
-        return load_routing_config(yaml.safe_load(handle))

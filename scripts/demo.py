@@ -121,7 +121,15 @@ def run_demo() -> int:
         procs.upstream(upstream_port)
         # Point the cloud backends of fixtures/config.yaml at this run's fake upstream.
         subprocess.run(
-            [sys.executable, "manage.py", "load_routing_config", "fixtures/config.yaml"],
+            [
+                sys.executable,
+                "manage.py",
+                "renq_config",
+                "load",
+                "fixtures/config.yaml",
+                "--only",
+                "backends,routes",
+            ],
             cwd=ROOT,
             check=True,
             stdout=subprocess.DEVNULL,

@@ -113,7 +113,7 @@ def _outcome_writer_session_closed(django_db_setup, django_db_blocker):
     """The GPU loop's store thread keeps its Postgres session between batches, as a worker
     does: close it before the test database is dropped, which an open session would stop."""
     yield
-    from inference.workers.gpu import close_outcome_writer_connection
+    from inference.workers.gpu.store_thread import close_outcome_writer_connection
 
     with django_db_blocker.unblock():
         close_outcome_writer_connection()

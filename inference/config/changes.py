@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -81,11 +82,19 @@ def config_changed_since(ts: datetime | None) -> bool:
     return last is not None and (ts is None or last > ts)
 
 
+def config_recheck_s() -> float:
+    """How often (s) a process's caches of configuration look at the change marker: their
+    staleness bound, RENQ_CONFIG_RECHECK_S (default 1). Read at each use, not at import: the
+    test suite sets 0 (it recreates rows within a second) after Django has loaded this module."""
+    return float(os.environ.get("RENQ_CONFIG_RECHECK_S", "1.0"))
+
+
 class ConfigWatcher:
     """Per process: `changed()` is true once after each configuration change, and reads the
-    marker at most every `min_interval_s` (a batch loop may call it before every batch)."""
+    marker at most every `min_interval_s` (default: config_recheck_s()), so a batch loop may
+    call it before every batch."""
 
-    def __init__(self, min_interval_s: float = 1.0):
+    def __init__(self, min_interval_s: float | None = None):
         self.min_interval_s = min_interval_s
         self._seen: datetime | None = None
         self._checked_at = 0.0
@@ -93,7 +102,10 @@ class ConfigWatcher:
 
     def changed(self) -> bool:
         now = time.monotonic()
-        if self._primed and now - self._checked_at < self.min_interval_s:
+        interval = self.min_interval_s
+        if interval is None:
+            interval = config_recheck_s()
+        if self._primed and now - self._checked_at < interval:
             return False
         self._checked_at = now
         last = config_last_update()

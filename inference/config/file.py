@@ -37,13 +37,13 @@ from django.db import models, transaction
 from inference.config.changes import one_config_change
 from inference.config.models import (
     DEVICE_VALIDATOR,
+    TIER_POLICY_KEYS,
     Dtype,
     ModelSpec,
     SchedulerSettings,
     ServiceModelLink,
     default_tier_policies,
 )
-from inference.config.tiers import TIER_POLICY_FIELDS
 from inference.jobs.tiers import TIER_ORDER
 from inference.models import Service, ServiceKind
 from routing.config import BACKEND_FIELDS, SECRET_FIELDS, ConfigError, expand_env
@@ -55,6 +55,15 @@ MODEL_KEYS = ("type", "path", "package", "device", "dtype")
 SERVICE_KEYS = ("model", "active", "runtime")
 ROUTE_KEYS = ("enabled", "entries")
 ENTRY_KEYS = ("backend", "order", "weight")
+# Why a tier does not take a key that other tiers do.
+TIER_KEY_REFUSALS = {
+    ("realtime", "aging_after_s"): "realtime is the top tier: there is nothing to promote it to",
+    ("realtime", "weight"): "realtime is served strictly first, outside the weighted share",
+    ("api", "aging_after_s"): (
+        "api jobs are never promoted: aging stops below realtime, which stays strict for jobs "
+        "submitted as realtime"
+    ),
+}
 # Service columns that are not runtime settings: they come from the name and the model.
 SERVICE_OWN_FIELDS = {"id", "name", "kind", "model_ref", "active"}
 NAME = re.compile(r"^[-a-zA-Z0-9_]+$")
@@ -383,8 +392,19 @@ class _Validator:
             path = f"tiers.{tier}"
             if tier not in tiers or not self.mapping(path, spec):
                 continue
-            self.keys(path, spec, TIER_POLICY_FIELDS)
-            for key in TIER_POLICY_FIELDS:
+            allowed = TIER_POLICY_KEYS[tier]
+            for key in spec:
+                if (tier, key) in TIER_KEY_REFUSALS:
+                    self.add(
+                        f"{path}.{key}",
+                        f"not a key of {tier}: {TIER_KEY_REFUSALS[tier, key]} "
+                        f"(expected one of: {', '.join(allowed)})",
+                    )
+                elif key not in allowed:
+                    self.add(
+                        f"{path}.{key}", f"unknown key (expected one of: {', '.join(allowed)})"
+                    )
+            for key in allowed:
                 if key not in spec:
                     continue
                 value = spec[key]
@@ -393,7 +413,7 @@ class _Validator:
                 if isinstance(value, bool) or not isinstance(value, int | float):
                     self.add(f"{path}.{key}", f"expected a number, got {value!r}")
                 elif value < 0 or (key == "target_wait_s" and value == 0):
-                    # weight 0: a tier outside the weighted share (realtime is served strictly)
+                    # weight 0: the tier runs only when no other tier below realtime has work
                     bound = "> 0" if key == "target_wait_s" else "≥ 0"
                     self.add(f"{path}.{key}", f"expected a number {bound}, got {value!r}")
 
@@ -464,10 +484,12 @@ def _routing_data(backends: dict, routes: dict) -> dict:
 def _apply_tiers(section: dict) -> int:
     settings = SchedulerSettings.load()
     defaults = default_tier_policies()
+    stored = settings.tiers or {}
     settings.tiers = {
         tier: {
             **defaults[tier],
-            **(settings.tiers or {}).get(tier, {}),
+            # Keys a tier no longer takes, left by an older load, are dropped here.
+            **{k: v for k, v in stored.get(tier, {}).items() if k in TIER_POLICY_KEYS[tier]},
             **(section.get(tier) or {}),
         }
         for tier in defaults
@@ -566,7 +588,7 @@ def dump_config() -> dict[str, Any]:
     tiers = default_tier_policies()
     for tier, policy in ((stored.tiers if stored else None) or {}).items():
         if tier in tiers:
-            tiers[tier].update({k: v for k, v in policy.items() if k in TIER_POLICY_FIELDS})
+            tiers[tier].update({k: v for k, v in policy.items() if k in TIER_POLICY_KEYS[tier]})
     return {
         "models": models_out,
         "services": services_out,

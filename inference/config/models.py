@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+from typing import NamedTuple
+
 from django.core.validators import RegexValidator
 from django.db import models
 
 from inference.jobs.tiers import AGING_INTERVAL_S, TIER_ORDER
 from inference.models import Service, ServiceKind
+
+logger = logging.getLogger(__name__)
 
 
 class Device(models.TextChoices):
@@ -17,7 +22,7 @@ class Device(models.TextChoices):
 
 
 class Dtype(models.TextChoices):
-    AUTO = "auto", "auto (the checkpoint's)"
+    AUTO = "auto", "auto (float16 on CUDA, bfloat16 for LLMs where supported; else float32)"
     FLOAT32 = "float32", "float32"
     FLOAT16 = "float16", "float16"
     BFLOAT16 = "bfloat16", "bfloat16"
@@ -56,6 +61,40 @@ class ModelSpec(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @classmethod
+    def placement_of(cls, kind: str, model_ref: str) -> ModelPlacement:
+        """The configured device and dtype of the model entry for (kind, model_ref); auto/auto
+        when none names it. Entries sharing one model_ref with different placements cannot
+        both hold in one worker (it loads a model once): the first by name wins, with a
+        warning."""
+        found = list(
+            cls.objects.filter(kind=kind, model_ref=model_ref)
+            .order_by("name")
+            .values_list("name", "device", "dtype")
+        )
+        if not found:
+            return ModelPlacement(Device.AUTO, Dtype.AUTO)
+        name, device, dtype = found[0]
+        others = [other for other, *placement in found[1:] if placement != [device, dtype]]
+        if others:
+            logger.warning(
+                "models %s load %s like %s but on another device/dtype; %s's (%s, %s) is used",
+                ", ".join(others),
+                model_ref,
+                name,
+                name,
+                device,
+                dtype,
+            )
+        return ModelPlacement(device, dtype)
+
+
+class ModelPlacement(NamedTuple):
+    """Where and in what precision a model loads (config.yaml `models.<name>.device/dtype`)."""
+
+    device: str
+    dtype: str
+
 
 class ServiceModelLink(models.Model):
     """Which model a service runs: config.yaml's `services.<name>.model` reference."""
@@ -69,9 +108,18 @@ class ServiceModelLink(models.Model):
         return f"{self.service_id} → {self.model}"
 
 
+# The keys config.yaml's `tiers:` takes for each tier. Realtime is served strictly, before the
+# weighted share, so it has no weight; nothing is promoted into realtime (P0 stays strict for
+# jobs submitted as realtime), so neither realtime nor api ages.
+TIER_POLICY_KEYS: dict[str, tuple[str, ...]] = {
+    "realtime": ("target_wait_s",),
+    "api": ("weight", "target_wait_s"),
+    "batch": ("aging_after_s", "weight", "target_wait_s"),
+    "offline": ("aging_after_s", "weight", "target_wait_s"),
+}
 # Defaults of the tier policies; config.yaml's `tiers:` overrides them.
-# P1:P2:P3 share when all have work (issue #8's default); realtime is strict, its weight unused.
-DEFAULT_TIER_WEIGHTS = {"realtime": 0.0, "api": 5.0, "batch": 3.0, "offline": 2.0}
+# P1:P2:P3 share when all have work.
+DEFAULT_TIER_WEIGHTS = {"api": 5.0, "batch": 3.0, "offline": 2.0}
 # Longest local wait batch/offline work accepts (spill-over to the cloud, the autoscaler's
 # target). Realtime/api targets come from each service's queue_timeout/total_timeout.
 DEFAULT_TARGET_WAIT_S: dict[str, float | None] = {
@@ -83,12 +131,14 @@ DEFAULT_TARGET_WAIT_S: dict[str, float | None] = {
 
 
 def default_tier_policies() -> dict[str, dict]:
+    """Each tier's configurable keys (TIER_POLICY_KEYS) with their defaults."""
+    defaults = {
+        "aging_after_s": AGING_INTERVAL_S,
+        "weight": DEFAULT_TIER_WEIGHTS,
+        "target_wait_s": DEFAULT_TARGET_WAIT_S,
+    }
     return {
-        tier.value: {
-            "aging_after_s": AGING_INTERVAL_S[tier],
-            "weight": DEFAULT_TIER_WEIGHTS[tier.value],
-            "target_wait_s": DEFAULT_TARGET_WAIT_S[tier.value],
-        }
+        tier.value: {key: defaults[key][tier.value] for key in TIER_POLICY_KEYS[tier.value]}
         for tier in TIER_ORDER
     }
 
@@ -101,7 +151,8 @@ class SchedulerSettings(models.Model):
 
     tiers = models.JSONField(
         default=default_tier_policies,
-        help_text='Per tier: {"aging_after_s": s, "weight": w, "target_wait_s": s or null}.',
+        help_text='Per tier: {"aging_after_s": s, "weight": w, "target_wait_s": s or null} '
+        "(realtime: target_wait_s only; api: no aging_after_s).",
     )
     updated_at = models.DateTimeField(auto_now=True)
 

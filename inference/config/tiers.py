@@ -1,31 +1,38 @@
-"""Tier policies (config.yaml `tiers:`): how long a tier may wait unserved before it is served
-first (aging), its share when tiers compete (weight), and the longest local wait its jobs
-accept (target; realtime/api take theirs from each service's timeouts).
+"""Tier policies (config.yaml `tiers:`): how long a batch/offline job waits before it is promoted
+one tier up (aging), a tier's share when tiers below realtime compete (weight), and the longest
+local wait its jobs accept (target; realtime/api default to each service's timeouts).
 
-    from inference.config.tiers import tier_policies, tier_policy
-    tier_policy("batch").aging_after_s   # 5.0
+    from inference.config.tiers import current_tier_policies, tier_policies, tier_policy
+    tier_policy("batch").aging_after_s   # 30.0
     tier_policies()                       # {"realtime": TierPolicy(...), ...} in tier order
+    current_tier_policies()               # the same, cached until the configuration changes
 
-One single-row read per call; a long-running loop caches the result and re-reads when
-`inference.config.changes.ConfigWatcher.changed()` says so.
+`tier_policies()` is one single-row read per call; code on a hot path (routing a submission)
+uses `current_tier_policies()`, re-read after `ConfigWatcher.changed()` or a change saved in
+this process.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
-from inference.config.models import SchedulerSettings, default_tier_policies
+from inference.config.changes import ConfigWatcher, config_changed
+from inference.config.models import TIER_POLICY_KEYS, SchedulerSettings, default_tier_policies
 from inference.jobs.tiers import TIER_ORDER, Tier
 
 TIER_POLICY_FIELDS = ("aging_after_s", "weight", "target_wait_s")
+# What the keys a tier does not take stand for: realtime and api are never promoted
+# (aging_after_s 0), realtime is outside the weighted share (weight 0).
+_FIXED = {"aging_after_s": 0.0, "weight": 0.0}
 
 
 @dataclass(frozen=True)
 class TierPolicy:
     tier: str
-    # Serve this tier first once it has had work waiting this long unserved (0 = always first).
+    # Promote a job of this tier one tier up once it has waited this long (0 = never).
     aging_after_s: float
-    # Relative share when several tiers are due at once (higher = more).
+    # Relative share when several tiers below realtime have work (higher = more).
     weight: float
     # Longest local wait accepted before spilling over / scaling up; None = the service's
     # queue_timeout/total_timeout (interactive tiers).
@@ -33,7 +40,9 @@ class TierPolicy:
 
 
 def _policy(tier: str, stored: dict) -> TierPolicy:
-    merged = {**default_tier_policies()[tier], **(stored or {})}
+    # Rows written before a key was taken away from a tier may still hold it: ignored.
+    configured = {k: v for k, v in (stored or {}).items() if k in TIER_POLICY_KEYS[tier]}
+    merged = {**_FIXED, **default_tier_policies()[tier], **configured}
     target = merged.get("target_wait_s")
     return TierPolicy(
         tier=tier,
@@ -51,3 +60,28 @@ def tier_policies() -> dict[str, TierPolicy]:
 
 def tier_policy(tier: str) -> TierPolicy:
     return tier_policies()[Tier(tier).value]
+
+
+_cache_lock = threading.Lock()
+_cached: dict[str, TierPolicy] | None = None
+_watcher = ConfigWatcher()
+
+
+def current_tier_policies() -> dict[str, TierPolicy]:
+    """tier_policies(), read again only once the configuration changed: at most one read of
+    the change marker per RENQ_CONFIG_RECHECK_S."""
+    global _cached
+    with _cache_lock:
+        # The marker first: a change after this look is seen by the next one.
+        if _watcher.changed() or _cached is None:
+            _cached = tier_policies()
+        return _cached
+
+
+def forget_tier_policies(**_kwargs) -> None:
+    global _cached
+    with _cache_lock:
+        _cached = None
+
+
+config_changed.connect(forget_tier_policies, dispatch_uid="renq-tier-policies-forget")

@@ -3,54 +3,50 @@
 On submission the job is described to the router (`routing_request`) and its decision is
 recorded (`JobRoute`); the publish function then sends the job where that backend says. After
 a failed attempt — a GPU batch's error, an I/O worker's HTTP failure, a dead local worker — the
-attempt is recorded, the cascade picks the next backend, and the job is handed on under its
-claim (`hand_on`): back to queued, the new decision recorded, one publish after commit. The
-next worker claims it afresh, so a duplicate message never runs it twice.
+attempt is recorded (inference.dispatch.settlement), the cascade picks the next backend, and
+the job is handed on under its claim (`hand_on`): back to queued, the new decision recorded,
+one publish after commit. The next worker claims it afresh, so a duplicate message never runs
+it twice.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-import redis
 from django.db import transaction
 from django.db.models import Q
-from django.utils import timezone
 
+from inference.config.models import DEFAULT_TARGET_WAIT_S
+from inference.config.tiers import current_tier_policies
 from inference.dispatch import queues
 from inference.dispatch.broker import consumer_count
 from inference.dispatch.publishing import publish_on_commit
 from inference.jobs.kinds import kind_of
 from inference.jobs.tiers import TIER_ORDER, Tier
-from inference.jobs.transitions import Outcome
 from inference.models import Job, JobStatus, Service
-from renq_site.shared_redis import shared_redis
-from routing.attempts import AttemptOutcome, AttemptRecord, record_attempts
-from routing.backends.base import BackendError, LocalEngineError
-from routing.breaker import CircuitBreaker
-from routing.capacity import local_throughput, record_local_batch
+from routing.backends.base import BackendError
+from routing.capacity import local_throughput
 from routing.cascade import FallbackCascade
 from routing.models import Backend, JobRoute
 from routing.request import LocalWait, RoutingRequest
 from routing.router import Router, RoutingDecision
 
-logger = logging.getLogger(__name__)
-
-# Longest local wait that batch/offline work accepts before spilling to the cloud.
-NON_INTERACTIVE_TARGET_S = {Tier.BATCH: 15 * 60.0, Tier.OFFLINE: 6 * 3600.0}
-
 
 def tier_target_s(service: Service, tier: str) -> float:
-    """Realtime/api jobs expire after queue_timeout and promise total_timeout, so the smaller
-    of the two is their target; batch and offline work waits unless the wait is absurd."""
+    """Longest local wait a job of this tier accepts: past it the router spills the job to the
+    cloud, and the autoscaler adds workers. The tier's `target_wait_s` (config.yaml `tiers:`,
+    cached until the configuration changes). Realtime/api jobs expire after queue_timeout and
+    promise total_timeout, so the smaller of the two is their target, or caps the configured
+    one; batch/offline work without one waits up to DEFAULT_TARGET_WAIT_S."""
     tier = Tier(tier)
+    configured = current_tier_policies()[tier.value].target_wait_s
     if tier.is_interactive:
-        return min(service.queue_timeout, service.total_timeout)
-    return NON_INTERACTIVE_TARGET_S[tier]
+        deadline = min(service.queue_timeout, service.total_timeout)
+        return deadline if configured is None else min(configured, deadline)
+    return configured if configured is not None else DEFAULT_TARGET_WAIT_S[tier.value]
 
 
 # A routing decision needs the local backlog, not to the job: one COUNT per service and tier
@@ -192,101 +188,3 @@ def hand_on(
         record_decision(job, step.next)
         publish_on_commit(job)
     return None
-
-
-def _output_tokens(result: dict | None) -> int:
-    usage = (result or {}).get("usage") or {}
-    return int(usage.get("completion_tokens") or 0)
-
-
-def record_local_throughput(outcomes: Sequence[Outcome]) -> None:
-    """The local backend's measured throughput (routing's capacity estimate), from one GPU
-    batch; called after its outcomes are stored, as it is only a statistic."""
-    ran = [o for o in outcomes if o.result is not None and o.inference_ms]
-    if not ran:
-        return
-    try:
-        record_local_batch(
-            ran[0].job.service.name, ran[0].batch_size or len(ran), ran[0].inference_ms / 1000
-        )
-    except redis.RedisError:
-        # A statistic: losing one sample must not keep a batch's results from being stored.
-        logger.warning("could not record local throughput", exc_info=True)
-
-
-def settle_local_outcomes(
-    token: uuid.UUID,
-    outcomes: Sequence[Outcome],
-    route_backend_ids: Mapping[uuid.UUID, int],
-) -> list[Outcome]:
-    """After a GPU batch, once per claim token, before storing outcomes.
-
-    For jobs that went through a route, records their local attempts in one query and hands
-    failed ones to the next fallback. Returns the outcomes the worker must still store: all
-    of them for unrouted jobs, none for jobs handed on, and for routed jobs whose cascade
-    ended, a failure listing every reason. `route_backend_ids`: job id → the backend its
-    route chose, as the claim read it (unrouted jobs are not in it).
-    """
-    if not outcomes:
-        return []
-    mine = {
-        o.job.pk: route_backend_ids[o.job.pk] for o in outcomes if o.job.pk in route_backend_ids
-    }
-    if not mine:
-        return list(outcomes)
-    backends = Backend.objects.in_bulk(set(mine.values()))
-    routed = {job_id: backends[backend_id] for job_id, backend_id in mine.items()}
-    now = timezone.now()
-    record_attempts(
-        AttemptRecord(
-            job_id=o.job.pk,
-            backend=routed[o.job.pk],
-            started_at=o.started_at or o.job.claimed_at or now,
-            outcome=AttemptOutcome.SUCCEEDED if o.result is not None else AttemptOutcome.FAILED,
-            error=o.error,
-            input_tokens=o.tokens or 0,
-            output_tokens=_output_tokens(o.result),
-            worker=o.job.worker,
-        )
-        for o in outcomes
-        if o.job.pk in routed
-    )
-    failed = [o for o in outcomes if o.result is None and o.job.pk in routed]
-    keep = [o for o in outcomes if o.result is not None or o.job.pk not in routed]
-    if not failed:
-        return keep
-    if len(failed) == len(outcomes):
-        # Every job failed: the local backend itself is unwell (a single bad input is not).
-        breaker = CircuitBreaker(shared_redis())
-        try:
-            for backend in {routed[o.job.pk] for o in failed}:
-                breaker.record_failure(backend)
-        except redis.RedisError:
-            logger.warning("could not record a local failure on the breaker", exc_info=True)
-    cascade = FallbackCascade()
-    for outcome in failed:
-        error = hand_on(
-            outcome.job,
-            token,
-            routed[outcome.job.pk],
-            LocalEngineError(outcome.error),
-            cascade=cascade,
-        )
-        if error is not None:
-            keep.append(replace(outcome, error=error))
-    return keep
-
-
-def fail_over_local_error(token: uuid.UUID, job: Job, exc: Exception) -> bool:
-    """The local backend could not even start on `job` (e.g. its model failed to load).
-    Returns False for an unrouted job (the caller keeps its old behaviour); otherwise the job
-    was handed on or failed with every reason."""
-    route_backend_ids = dict(JobRoute.objects.filter(job=job).values_list("job_id", "backend_id"))
-    if not route_backend_ids:
-        return False
-    outcomes = settle_local_outcomes(
-        token, [Outcome(job=job, error=f"{type(exc).__name__}: {exc}")], route_backend_ids
-    )
-    if outcomes:
-        Job.objects.store_outcomes(token, outcomes)
-    return True

@@ -4,8 +4,9 @@ In the spirit of KEDA's RabbitMQ scaler in `ExpectedQueueConsumptionTime` mode: 
 enough workers that, for every tier, the jobs a new job of that tier waits behind (queued in it
 or a higher tier, plus those running) drain within the tier's target wait at the measured
 throughput of one worker (routing.capacity: an EWMA of real batches, or a prior from
-batch_size/batch_timeout before any). Targets: realtime/api = the service's
-min(queue_timeout, total_timeout); batch/offline = `tiers.<tier>.target_wait_s` of config.yaml.
+batch_size/batch_timeout before any). The targets are the router's spill-over targets
+(`inference.dispatch.placement.tier_target_s`: `tiers.<tier>.target_wait_s` of config.yaml;
+realtime/api never longer than the service's min(queue_timeout, total_timeout)).
 The recommendation stays within [minimum, service.worker_count] (worker_count = the GPUs, or
 processes, the service may use) and is 0 only when nothing waits and the minimum is 0.
 
@@ -28,9 +29,9 @@ from pathlib import Path
 from django.conf import settings
 from django.db.models import Count
 
-from inference.config.tiers import tier_policies
+from inference.dispatch.placement import tier_target_s
 from inference.dispatch.queues import service_queues
-from inference.jobs.tiers import TIER_ORDER, Tier
+from inference.jobs.tiers import TIER_ORDER
 from inference.models import Job, JobStatus, Service
 from routing.capacity import local_throughput
 
@@ -47,15 +48,6 @@ class ServiceScale:
     ceiling: int
     # tier → seconds the backlog ahead of it would take with the recommended workers.
     drain_s: dict[str, float] = field(default_factory=dict)
-
-
-def target_wait_s(service: Service, tier: str) -> float:
-    policy = tier_policies()[tier]
-    if policy.target_wait_s is not None:
-        return policy.target_wait_s
-    if Tier(tier).is_interactive:
-        return min(service.queue_timeout, service.total_timeout)
-    return 15 * 60.0
 
 
 def recommend(service: Service, *, minimum: int = 1) -> ServiceScale:
@@ -79,7 +71,7 @@ def recommend(service: Service, *, minimum: int = 1) -> ServiceScale:
         ahead += queued[tier.value]
         if queued[tier.value]:
             # Workers so that what is ahead of this tier drains within its target.
-            rate_needed = ahead / max(target_wait_s(service, tier.value), 1e-3)
+            rate_needed = ahead / max(tier_target_s(service, tier.value), 1e-3)
             needed = max(needed, math.ceil(rate_needed / per_worker))
     ceiling = max(service.worker_count, 1)
     busy = ahead > 0

@@ -1,14 +1,16 @@
 """Inference engines by service kind, loaded once per worker process.
 
-`load_engine(kind, model_ref)` is what workers call: the first call for a (kind, model_ref,
-device) loads the model, later calls reuse it, so a Celery worker process loads each model once.
+`load_engine(kind, model_ref)` is what workers call: the first call loads the model where
+config.yaml's `models:` entry for it says (device, dtype), later calls reuse it, so a Celery
+worker process loads each model once. A device or dtype given to the call wins over the file
+(the worker passes RENQ_DEVICE); a model's device/dtype change applies when its worker restarts.
 """
 
 from __future__ import annotations
 
 import threading
 
-from inference.engines.base import Engine, pick_device, resolve_model_path
+from inference.engines.base import AUTO, Engine, pick_device, resolve_model_path
 from inference.engines.embedding import EmbeddingEngine
 from inference.engines.llm import LlmEngine
 from inference.engines.reranker import RerankerEngine
@@ -19,25 +21,48 @@ ENGINE_CLASSES: dict[str, type[Engine]] = {
     name: spec.engine_class() for name, spec in KINDS.items()
 }
 
-_loaded_engines: dict[tuple[str, str, str], Engine] = {}
+# By (kind, model_ref, device, dtype) as loaded: one engine per placement.
+_loaded_engines: dict[tuple[str, str, str, str], Engine] = {}
+# By the call's own arguments: later calls need not read the configuration again.
+_engines_by_call: dict[tuple[str, str, str | None, str | None], Engine] = {}
 # Threaded worker pools may ask for the same model at once; load it only once.
 _loading_lock = threading.Lock()
 
 
-def load_engine(kind: str, model_ref: str, *, device: str | None = None) -> Engine:
-    """The process-wide engine for (kind, model_ref, device), loading it on first use."""
+def configured_placement(kind: str, model_ref: str) -> tuple[str, str]:
+    """(device, dtype) of the model in config.yaml `models:`; ("auto", "auto") if unnamed."""
+    # Imported here: the engines load without Django until a worker asks for the file's say.
+    from inference.config.models import ModelSpec
+
+    return ModelSpec.placement_of(kind, model_ref)
+
+
+def load_engine(
+    kind: str, model_ref: str, *, device: str | None = None, dtype: str | None = None
+) -> Engine:
+    """The process-wide engine for (kind, model_ref), loading it on first use: on `device` and
+    in `dtype` when given, else as the model's config entry says, else auto."""
     try:
         engine_class = ENGINE_CLASSES[kind]
     except KeyError:
         known = ", ".join(sorted(ENGINE_CLASSES))
         raise ValueError(f"Unknown engine kind {kind!r}; expected one of: {known}.") from None
-    # Resolve the device first so device=None and the device it stands for share one engine.
-    key = (kind, model_ref, pick_device(device))
+    call = (kind, model_ref, device, dtype)
     with _loading_lock:
+        engine = _engines_by_call.get(call)
+        if engine is not None:
+            return engine
+        if device is None or dtype is None:
+            configured_device, configured_dtype = configured_placement(kind, model_ref)
+            device = device or configured_device
+            dtype = dtype or configured_dtype
+        # Resolve the device first so "auto" and the device it stands for share one engine.
+        key = (kind, model_ref, pick_device(device), dtype or AUTO)
         engine = _loaded_engines.get(key)
         if engine is None:
-            engine = engine_class(model_ref, device=key[2])
+            engine = engine_class(model_ref, device=key[2], dtype=key[3])
             _loaded_engines[key] = engine
+        _engines_by_call[call] = engine
     return engine
 
 
@@ -45,6 +70,7 @@ def clear_engine_cache() -> None:
     """Forget loaded engines (tests; or to free memory before loading other models)."""
     with _loading_lock:
         _loaded_engines.clear()
+        _engines_by_call.clear()
 
 
 __all__ = [
@@ -54,6 +80,7 @@ __all__ = [
     "LlmEngine",
     "RerankerEngine",
     "clear_engine_cache",
+    "configured_placement",
     "load_engine",
     "pick_device",
     "resolve_model_path",

@@ -1,4 +1,5 @@
-"""What every inference engine shares: model location, device choice, batching knobs, padding."""
+"""What every inference engine shares: model location, device and dtype choice, batching knobs,
+padding."""
 
 from __future__ import annotations
 
@@ -53,11 +54,36 @@ def resolve_model_path(model_ref: str) -> Path:
     return path
 
 
+AUTO = "auto"
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
 def pick_device(requested: str | None) -> str:
-    """The device to run on: the requested one, else CUDA when present, else CPU."""
-    if requested:
-        return requested
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    """The device to run on: the requested one, else (None or "auto") CUDA when present, else
+    CPU. A requested accelerator this machine lacks is an error, never a quiet fall back to the
+    CPU: a model meant for a GPU would run there at a fraction of the speed."""
+    if not requested or requested == AUTO:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(requested)
+    except RuntimeError as exc:
+        raise ValueError(f"device {requested!r}: not a torch device ({exc})") from exc
+    if device.type == "cuda":
+        present = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if present == 0:
+            raise ValueError(f"device {requested!r}: CUDA is not available on this machine")
+        if device.index is not None and device.index >= present:
+            raise ValueError(
+                f"device {requested!r}: this machine has {present} CUDA device(s) "
+                f"(cuda:0 to cuda:{present - 1})"
+            )
+    elif device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"device {requested!r}: MPS is not available on this machine")
+    return requested
 
 
 def encoder_max_length(model_path: Path, tokenizer: Any, config: Any) -> int:
@@ -127,12 +153,13 @@ class Engine(abc.ABC):
     """A loaded model that runs a list of job payloads together.
 
     Subclasses load their tokenizer + model in __init__ from `self.model_path`, on
-    `self.device`, and implement count_tokens and run_batch.
+    `self.device`, in `self.dtype`, and implement count_tokens and run_batch.
     """
 
     kind: ClassVar[str]
     model_ref: str
     device: str
+    dtype: torch.dtype
     model_path: Path
 
     # Batching knobs (instance attributes may override them, e.g. in tests or benchmarks).
@@ -142,14 +169,29 @@ class Engine(abc.ABC):
     max_batch_rows: int | None = 64
     max_batch_tokens: int | None = 16384
 
-    def __init__(self, model_ref: str, *, device: str | None = None):
+    def __init__(self, model_ref: str, *, device: str | None = None, dtype: str | None = None):
         self.model_ref = model_ref
         self.model_path = resolve_model_path(model_ref)
         self.device = pick_device(device)
+        self.dtype = self.pick_dtype(dtype)
 
     @property
     def uses_cuda(self) -> bool:
         return torch.device(self.device).type == "cuda"
+
+    def pick_dtype(self, requested: str | None) -> torch.dtype:
+        """The named dtype (float32, float16, bfloat16), else (None or "auto") auto_dtype()."""
+        if not requested or requested == AUTO:
+            return self.auto_dtype()
+        try:
+            return DTYPES[requested]
+        except KeyError:
+            known = ", ".join([AUTO, *DTYPES])
+            raise ValueError(f"dtype {requested!r}: expected one of {known}") from None
+
+    def auto_dtype(self) -> torch.dtype:
+        # fp16 halves memory and is plenty for encoders on a GPU; CPU fp16 matmuls are slow.
+        return torch.float16 if self.uses_cuda else torch.float32
 
     @abc.abstractmethod
     def count_tokens(self, payload: dict) -> int:
@@ -174,4 +216,5 @@ class Engine(abc.ABC):
         )
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.model_ref!r} on {self.device}>"
+        dtype = str(self.dtype).removeprefix("torch.")
+        return f"<{type(self).__name__} {self.model_ref!r} on {self.device} in {dtype}>"

@@ -52,8 +52,8 @@ class LlmEngine(Engine):
     # run_batch can stop a job after some decode steps and continue it later (RESUME).
     resumable = True
 
-    def __init__(self, model_ref: str, *, device: str | None = None):
-        super().__init__(model_ref, device=device)
+    def __init__(self, model_ref: str, *, device: str | None = None, dtype: str | None = None):
+        super().__init__(model_ref, device=device, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
         tokenizer.padding_side = "left"
         tokenizer.truncation_side = "left"  # an over-long prompt keeps its end, nearest the answer
@@ -61,12 +61,8 @@ class LlmEngine(Engine):
             tokenizer.pad_token = tokenizer.eos_token
         self.tokenizer = tokenizer
 
-        if self.uses_cuda:
-            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        else:
-            dtype = torch.float32
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.model_path, local_files_only=True, dtype=dtype
+            self.model_path, local_files_only=True, dtype=self.dtype
         )
         self.model.to(self.device).eval()
 
@@ -78,6 +74,12 @@ class LlmEngine(Engine):
         # shift absolute positions, so fall back to batching prompts of identical length only.
         if "position_ids" not in inspect.signature(self.model.forward).parameters:
             self.max_padding_ratio = 0.0
+
+    def auto_dtype(self) -> torch.dtype:
+        # bf16's range keeps long generations from overflowing where fp16 might.
+        if self.uses_cuda:
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
 
     def _eos_token_ids(self) -> list[int]:
         configured = self.model.generation_config.eos_token_id

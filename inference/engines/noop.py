@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+import torch
+
 from inference.engines.base import Engine
 
 POISON_TEXT = "__renq_poison__"
@@ -20,10 +22,11 @@ class NoopEngine(Engine):
     # Nothing is padded: the cost model's padding allowance is 0.
     max_padding_ratio = 0.0
 
-    def __init__(self, model_ref: str, *, device: str | None = None):
-        # Nothing to load: no model folder, and the CPU is always there.
+    def __init__(self, model_ref: str, *, device: str | None = None, dtype: str | None = None):
+        # Nothing to load: no model folder, and the CPU is always there; dtype is moot.
         self.model_ref = model_ref
         self.device = device or "cpu"
+        self.dtype = torch.float32
 
     def count_tokens(self, payload: dict) -> int:
         # A slept millisecond counts as a token, so the cost model learns sleeps exactly.

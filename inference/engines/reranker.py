@@ -23,12 +23,11 @@ class RerankerEngine(Engine):
 
     kind = "reranker"
 
-    def __init__(self, model_ref: str, *, device: str | None = None):
-        super().__init__(model_ref, device=device)
+    def __init__(self, model_ref: str, *, device: str | None = None, dtype: str | None = None):
+        super().__init__(model_ref, device=device, dtype=dtype)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
-        dtype = torch.float16 if self.uses_cuda else torch.float32
         self.model = AutoModelForSequenceClassification.from_pretrained(
-            self.model_path, local_files_only=True, dtype=dtype
+            self.model_path, local_files_only=True, dtype=self.dtype
         )
         self.model.to(self.device).eval()
         self.max_length = encoder_max_length(self.model_path, self.tokenizer, self.model.config)

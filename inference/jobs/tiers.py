@@ -41,10 +41,9 @@ PLAN_BOOST: dict[str, int] = {Plan.ENTERPRISE: 3, Plan.PRO: 2, Plan.FREE: 1}
 
 # Aging: a job that has waited this long in its tier's queue is promoted one tier up (and again
 # after the next tier's threshold), for every worker at once (the sweep re-publishes it; the
-# claim makes the stale copy harmless). Realtime is the top: nothing to promote to.
+# claim makes the stale copy harmless). Only batch and offline age: promoting api would put
+# work into realtime, and realtime is the top.
 AGING_INTERVAL_S: dict[str, float] = {
-    Tier.REALTIME: 0.0,
-    Tier.API: 10.0,
     Tier.BATCH: 30.0,
     Tier.OFFLINE: 60.0,
 }

@@ -22,7 +22,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from inference.jobs.status import JobStatus
 from inference.jobs.tiers import TIER_ORDER
-from inference.metrics.events import METRICS_DIR, observe_batch, observe_time_to_first_token  # noqa: F401 TEMP
+from inference.metrics.events import METRICS_DIR
 from inference.models import Job, Service
 from renq_site.shared_redis import shared_redis
 from routing.breaker import CircuitBreaker

@@ -340,14 +340,6 @@ ENDPOINTS: dict[str, Endpoint] = {
 }
 
 
-def endpoint_for(path: str) -> Endpoint:
-    try:
-        return ENDPOINTS[path]
-    except KeyError:
-        known = ", ".join(ENDPOINTS)
-        raise bad_request(f"unsupported endpoint '{path}'; supported: {known}.", "url") from None
-
-
 def job_failure(job: Job) -> OpenAIError:
     """The error answer for a job that ended without a result."""
     if job.status == "expired":

@@ -1,8 +1,8 @@
-"""/v1/: the OpenAI-compatible front door (served under ASGI by renq_site.asgi)."""
+"""/v1/: the OpenAI-compatible front door (served under ASGI by renq_site.asgi). The Batch API's
+routes (inference.batch_api.urls) join these in renq_site.urls."""
 
 from django.urls import path
 
-from inference.batches import views as batch_views
 from inference.openai_api import views
 
 app_name = "openai_api"
@@ -14,11 +14,4 @@ urlpatterns = [
     path("completions", views.completions, name="completions"),
     path("models", views.models, name="models"),
     path("models/<str:model>", views.model_detail, name="model"),
-    # The Batch API (inference.batches).
-    path("files", batch_views.files, name="files"),
-    path("files/<str:file_id>", batch_views.file_detail, name="file"),
-    path("files/<str:file_id>/content", batch_views.file_content, name="file-content"),
-    path("batches", batch_views.batches, name="batches"),
-    path("batches/<str:batch_id>", batch_views.batch_detail, name="batch"),
-    path("batches/<str:batch_id>/cancel", batch_views.batch_cancel, name="batch-cancel"),
 ]

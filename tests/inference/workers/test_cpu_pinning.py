@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from inference.workers.cpu_pinning import keep_off_model_cores, parse_cpu_list
-from inference.workers.gpu import BatchRunner
+from inference.workers.gpu.runner import BatchRunner
 
 needs_two_cpus = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="pinning needs two CPUs to split"

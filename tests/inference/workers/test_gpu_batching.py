@@ -107,7 +107,8 @@ def test_a_realtime_seed_runs_at_once_and_the_realtime_jobs_beside_it_run_next(
     # is waiting beside it is pulled while its pass runs, and runs in the next pass.
     from inference.dispatch.queues import service_queues
     from inference.scheduling.cost_model import BatchCostModel
-    from inference.workers import gpu
+    from inference.workers.gpu import loop, model_thread
+    from inference.workers.gpu.runner import BatchRunner
     from inference.workers.tier_reader import TierQueueReader
     from tests.conftest import in_process_readers, purge_test_queues
 
@@ -121,7 +122,7 @@ def test_a_realtime_seed_runs_at_once_and_the_realtime_jobs_beside_it_run_next(
     for owner, name, event in (
         (TierQueueReader, "get", "ask"),
         (BatchCostModel, "current", "cost"),
-        (gpu, "forward_pass", "pass"),
+        (model_thread, "forward_pass", "pass"),
     ):
         original = getattr(owner, name)
 
@@ -130,12 +131,10 @@ def test_a_realtime_seed_runs_at_once_and_the_realtime_jobs_beside_it_run_next(
             return _original(*args, **kwargs)
 
         monkeypatch.setattr(owner, name, recorded)
-    monkeypatch.setattr(gpu, "DRAIN_LIMIT_S", 2.0)
+    monkeypatch.setattr(loop, "DRAIN_LIMIT_S", 2.0)
 
     with in_process_readers(service.name) as readers:
-        gpu.BatchRunner(readers).run(
-            [str(jobs[0].pk)], seed_redelivered=False, seed_tier="realtime"
-        )
+        BatchRunner(readers).run([str(jobs[0].pk)], seed_redelivered=False, seed_tier="realtime")
 
     assert events.index("pass") == 0, events
     done = {j.pk: j for j in Job.objects.filter(pk__in=[j.pk for j in jobs])}
@@ -153,7 +152,7 @@ def test_a_pass_outcomes_are_being_written_while_the_cost_model_learns_from_it(
 
     from inference.dispatch.queues import service_queues
     from inference.scheduling.cost_model import BatchCostModel
-    from inference.workers import gpu
+    from inference.workers.gpu.runner import BatchRunner
     from tests.conftest import in_process_readers, purge_test_queues
 
     service = make_service("noop", name="store-first", batch_size=8, batch_timeout=0.01)
@@ -170,7 +169,7 @@ def test_a_pass_outcomes_are_being_written_while_the_cost_model_learns_from_it(
 
     monkeypatch.setattr(BatchCostModel, "observe_batch", slow_observe)
     with in_process_readers(service.name) as readers:
-        gpu.BatchRunner(readers).run([str(job.pk)], seed_redelivered=False, seed_tier="realtime")
+        BatchRunner(readers).run([str(job.pk)], seed_redelivered=False, seed_tier="realtime")
 
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED
@@ -298,7 +297,7 @@ def _eight_jobs_in_two_job_passes(make_tenant, service, *, sleep_ms: int) -> tup
     """Eight batch jobs of the service (batch_size 2) that sleep `sleep_ms` each, run by one
     in-process task: its report and the passes, in order, each a list of its jobs."""
     from inference.dispatch.queues import service_queues
-    from inference.workers import gpu
+    from inference.workers.gpu.runner import BatchRunner
     from tests.conftest import in_process_readers, purge_test_queues
 
     purge_test_queues(service_queues(service.name))
@@ -314,7 +313,7 @@ def _eight_jobs_in_two_job_passes(make_tenant, service, *, sleep_ms: int) -> tup
     ]
     _publish(jobs[1:])
     with in_process_readers(service.name) as readers:
-        report = gpu.BatchRunner(readers).run(
+        report = BatchRunner(readers).run(
             [str(jobs[0].pk)], seed_redelivered=False, seed_tier="batch"
         )
     done = Job.objects.filter(pk__in=[j.pk for j in jobs])
@@ -334,14 +333,14 @@ def test_the_next_batch_is_claimed_before_the_running_pass_ends_when_the_predict
     # that. Each next batch must be pulled and claimed while the pass before it still runs,
     # or the model waits for it between passes.
     from inference.scheduling.cost_model import BatchCost, BatchCostModel
-    from inference.workers import gpu
+    from inference.workers.gpu import loop
 
     service = make_service(
         "noop", name="form-early", batch_size=2, batch_timeout=0.01, preemption_budget_s=10
     )
     over = BatchCost(per_token_s=0.0015, per_batch_s=0.0, samples=100)  # noop: 1 token per ms
     monkeypatch.setattr(BatchCostModel, "current", lambda self: over)
-    monkeypatch.setattr(gpu, "DRAIN_LIMIT_S", 5.0)
+    monkeypatch.setattr(loop, "DRAIN_LIMIT_S", 5.0)
 
     _, ordered = _eight_jobs_in_two_job_passes(make_tenant, service, sleep_ms=200)
 
@@ -386,7 +385,10 @@ def _form_one_batch_counting_asks(service, jobs) -> tuple[list, list[str]]:
     the tier of each broker ask (basic.get) the forming made, in order."""
     from inference.dispatch.queues import service_queues
     from inference.engines import load_engine
-    from inference.workers import gpu, worker_identity
+    from inference.workers import worker_identity
+    from inference.workers.gpu.loop import DrainLoop
+    from inference.workers.gpu.model_thread import ModelThread
+    from inference.workers.gpu.report import BatchReport
     from tests.conftest import in_process_readers, purge_test_queues
 
     purge_test_queues(service_queues(service.name))
@@ -404,16 +406,17 @@ def _form_one_batch_counting_asks(service, jobs) -> tuple[list, list[str]]:
 
         for tier, queue in reader._queues.items():
             queue.get = counted(tier, queue.get)
-        loop = gpu._Drain(
-            gpu.BatchRunner(readers),
+        loop = DrainLoop(
             service,
             load_engine("noop", service.model_ref, device="cpu"),
             reader,
-            worker_identity(),
-            gpu.BatchReport(),
+            readers=readers,
+            model_thread=ModelThread(),
+            worker=worker_identity(),
+            report=BatchReport(),
         )
-        batch = loop.form()
-        loop.runner._settle(service.name, loop.ledger.unsettled(), ack=True)
+        batch = loop.former.form()
+        loop.ledger.ack(loop.ledger.unsettled())
     return batch, asks
 
 

@@ -12,7 +12,10 @@ from django.db import OperationalError
 from inference.engines.noop import NoopEngine
 from inference.jobs.tiers import Tier
 from inference.models import Job
-from inference.workers.gpu import BatchReport, BatchRunner, Held, _Drain
+from inference.workers.gpu.held import Held
+from inference.workers.gpu.loop import DrainLoop
+from inference.workers.gpu.model_thread import ModelThread
+from inference.workers.gpu.report import BatchReport
 from inference.workers.tier_reader import DEFAULT_WEIGHTS, PulledMessage, WeightedShare
 
 
@@ -43,13 +46,14 @@ def test_a_pulled_message_goes_back_when_the_claim_fails(make_service, monkeypat
     service = make_service("noop")
     message = FakeMessage()
     pulled = PulledMessage(job_ids=[str(uuid.uuid4())], tier=Tier.API, message=message)
-    drain = _Drain(
-        BatchRunner(readers=None),
+    drain = DrainLoop(
         service,
         NoopEngine("none"),
         FakeReader([pulled]),
-        "worker",
-        BatchReport(),
+        readers=None,
+        model_thread=ModelThread(),
+        worker="worker",
+        report=BatchReport(),
     )
 
     def database_gone(*_args, **_kwargs):
@@ -57,7 +61,7 @@ def test_a_pulled_message_goes_back_when_the_claim_fails(make_service, monkeypat
 
     monkeypatch.setattr(Job.objects, "claim", database_gone)
     with pytest.raises(OperationalError):
-        drain.fill(drain.new_window(), only_realtime=False, may_pull=True)
+        drain.former.fill(drain.former.new_window(), only_realtime=False, may_pull=True)
     assert message.requeued, "the message would stay unacked on the reader's channel"
 
 
@@ -78,8 +82,15 @@ def test_a_claimed_job_still_runs_when_the_reader_broke_while_forming(make_servi
     job = Job.objects.create(tenant=tenant, service=service, tier="batch", input={"texts": ["x"]})
     claim = Job.objects.claim([job.pk], worker="test")
     discarded = []
-    runner = BatchRunner(readers=type("Readers", (), {"discard": discarded.append})())
-    loop = _Drain(runner, service, NoopEngine("none"), BrokenReader([]), "test", BatchReport())
+    loop = DrainLoop(
+        service,
+        NoopEngine("none"),
+        BrokenReader([]),
+        readers=type("Readers", (), {"discard": discarded.append})(),
+        model_thread=ModelThread(),
+        worker="test",
+        report=BatchReport(),
+    )
     loop.hold(Held(claim.jobs[0], claim), Tier.BATCH)
 
     loop.run()

@@ -214,7 +214,8 @@ def test_the_loop_claims_5_3_2_with_expired_p1_jobs_and_p3_in_eight_job_messages
     # message, 40 % of the P1 jobs expired while queued, P3 jobs submitted in lists (8 to a
     # message). The loop claims live jobs 5:3:2 between the tiers below realtime.
     from inference.dispatch.publishing import publish, publish_many
-    from inference.workers import gpu
+    from inference.workers.gpu import loop
+    from inference.workers.gpu.runner import BatchRunner
     from tests.conftest import in_process_readers
 
     service, jobs = _tier_jobs(make_tenant, make_service, "share-mix", budget_s=0.05, sleep_ms=10)
@@ -228,9 +229,9 @@ def test_the_loop_claims_5_3_2_with_expired_p1_jobs_and_p3_in_eight_job_messages
     expired = [job.pk for i, job in enumerate(api[1:]) if i % 5 < 2]
     Job.objects.filter(pk__in=expired).expire("test: waited too long")
 
-    monkeypatch.setattr(gpu, "DRAIN_LIMIT_S", 2.0)
+    monkeypatch.setattr(loop, "DRAIN_LIMIT_S", 2.0)
     with in_process_readers("share-mix") as readers:
-        gpu.BatchRunner(readers).run([str(api[0].pk)], seed_redelivered=False, seed_tier="api")
+        BatchRunner(readers).run([str(api[0].pk)], seed_redelivered=False, seed_tier="api")
 
     claimed = Counter(
         Job.objects.filter(service=service, status=JobStatus.SUCCEEDED).values_list(
@@ -254,7 +255,11 @@ def test_a_realtime_job_claimed_into_a_window_it_does_not_fit_runs_in_the_next_p
     from inference.dispatch.queues import service_queues
     from inference.engines import load_engine
     from inference.jobs.tiers import Tier
-    from inference.workers import gpu, worker_identity
+    from inference.workers import worker_identity
+    from inference.workers.gpu.held import Held
+    from inference.workers.gpu.loop import DrainLoop
+    from inference.workers.gpu.model_thread import ModelThread
+    from inference.workers.gpu.report import BatchReport
     from tests.conftest import in_process_readers, purge_test_queues
 
     # A 1 ms budget: any job fills a pass (the first job of a window is always taken).
@@ -272,30 +277,32 @@ def test_a_realtime_job_claimed_into_a_window_it_does_not_fit_runs_in_the_next_p
     offline = [job("offline") for _ in range(3)]
     with in_process_readers("rt-held") as readers:
         worker = worker_identity()
-        loop = gpu._Drain(
-            gpu.BatchRunner(readers),
+        loop = DrainLoop(
             service,
             load_engine("noop", service.model_ref, device="cpu"),
             readers.get("rt-held"),
-            worker,
-            gpu.BatchReport(),
+            readers=readers,
+            model_thread=ModelThread(),
+            worker=worker,
+            report=BatchReport(),
         )
         claim = Job.objects.claim([str(j.pk) for j in offline], worker=worker)
-        loop.pending.extend(gpu.Held(j, claim) for j in claim.jobs)
-        upcoming = loop.form()  # the first offline job: the window has no room left
+        loop.line.front.extend(Held(j, claim) for j in claim.jobs)
+        upcoming = loop.former.form()  # the first offline job: the window has no room left
         assert [h.job.pk for h in upcoming] == [offline[0].pk]
 
         realtime = job("realtime")
         publish(realtime)
-        window = loop.new_window()
-        assert window.offer(loop.item(upcoming[0]))
-        loop.admit([loop.reader.get([Tier.REALTIME])], window)  # does not fit the budget
+        window = loop.former.new_window()
+        assert window.offer(loop.former.item(upcoming[0]))
+        # Does not fit the budget.
+        loop.former.admit([loop.intake.reader.get([Tier.REALTIME])], window)
 
         batch = loop.realtime_first(upcoming)
         assert [h.job.pk for h in batch] == [realtime.pk]
-        line = [h.job.pk for h in loop.pending]
+        line = [h.job.pk for h in loop.line.front]
         assert line == [offline[0].pk, offline[1].pk, offline[2].pk]
-        loop.runner._settle("rt-held", loop.ledger.unsettled(), ack=True)
+        loop.ledger.ack(loop.ledger.unsettled())
 
 
 def test_jobs_claimed_together_run_at_their_tiers_turn_not_back_to_back(
@@ -305,7 +312,8 @@ def test_jobs_claimed_together_run_at_their_tiers_turn_not_back_to_back(
     # claimed together must wait for their tier's turn, so in the order the jobs ran no tier
     # runs 8 in a row and every tier runs in every 10 jobs (the share's floor).
     from inference.dispatch.publishing import publish, publish_many
-    from inference.workers import gpu
+    from inference.workers.gpu import loop
+    from inference.workers.gpu.runner import BatchRunner
     from tests.conftest import in_process_readers
 
     service, jobs = _tier_jobs(make_tenant, make_service, "share-turns", budget_s=0.001, sleep_ms=3)
@@ -316,9 +324,9 @@ def test_jobs_claimed_together_run_at_their_tiers_turn_not_back_to_back(
     publish_many(batch)
     publish_many(offline)
 
-    monkeypatch.setattr(gpu, "DRAIN_LIMIT_S", 1.5)
+    monkeypatch.setattr(loop, "DRAIN_LIMIT_S", 1.5)
     with in_process_readers("share-turns") as readers:
-        gpu.BatchRunner(readers).run([str(api[0].pk)], seed_redelivered=False, seed_tier="api")
+        BatchRunner(readers).run([str(api[0].pk)], seed_redelivered=False, seed_tier="api")
 
     ran = list(
         Job.objects.filter(service=service, status=JobStatus.SUCCEEDED)

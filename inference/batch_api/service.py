@@ -24,7 +24,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from inference.batches.models import (
+from inference.batch_api.models import (
     Batch,
     BatchFile,
     BatchRequest,

@@ -1,12 +1,12 @@
-"""/v1/files and /v1/batches: async views over inference.batches.service (the ORM work runs
+"""/v1/files and /v1/batches: async views over inference.batch_api.service (the ORM work runs
 on the front door's database pool)."""
 
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
 
-from inference.batches import service
-from inference.batches.models import BatchFile
+from inference.batch_api import service
+from inference.batch_api.models import BatchFile
 from inference.openai_api.db import in_db_thread
 from inference.openai_api.errors import bad_request
 from inference.openai_api.jobs import authenticate

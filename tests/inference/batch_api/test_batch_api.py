@@ -1,5 +1,6 @@
-"""The Batch API through the official client: files.create → batches.create → polling
-batches.retrieve → files.content, run as offline renq jobs by real workers."""
+"""The Batch API (inference.batch_api) through the official client: files.create →
+batches.create → polling batches.retrieve → files.content, run as offline renq jobs by real
+workers."""
 
 from __future__ import annotations
 

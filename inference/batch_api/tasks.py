@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from inference.batches.service import (
+from inference.batch_api.service import (
     ADVANCE_TASK,
     TICK_S,
     advance_batch,

@@ -1,6 +1,6 @@
 """Files (JSONL stored in Postgres as bytea) and batches with one request row per line.
 
-Imported by inference.models, so they belong to the inference app and its migrations.
+The tables were created by the inference app's migrations and keep their names (`db_table`).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ class BatchFile(models.Model):
     created_at = models.DateTimeField(default=timezone.now, db_index=True)
 
     class Meta:
+        db_table = "inference_batchfile"
         ordering = ["-created_at"]
         verbose_name = "batch file"
 
@@ -97,6 +98,7 @@ class Batch(models.Model):
     )
 
     class Meta:
+        db_table = "inference_batch"
         ordering = ["-created_at"]
         verbose_name_plural = "batches"
 
@@ -135,6 +137,7 @@ class BatchRequest(models.Model):
     )
 
     class Meta:
+        db_table = "inference_batchrequest"
         ordering = ["batch", "line"]
         constraints = [
             models.UniqueConstraint(fields=["batch", "custom_id"], name="batch_custom_id_unique")

@@ -1,0 +1,147 @@
+"""Pulling dispatch messages from the service's tier queues and claiming their jobs.
+
+Messages are pulled (basic.get) in tier order: realtime first, then only the queues of the
+tiers whose turn comes before the claimed jobs waiting in the line. The jobs of the messages
+pulled for one batch are claimed together in Postgres; each message is then tracked in the
+ledger until its jobs' outcomes are stored.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from inference.dispatch.publishing import dead_letter
+from inference.jobs.tiers import Tier
+from inference.jobs.transitions import Claim
+from inference.models import Job
+from inference.scheduling.batch_window import BatchWindow
+from inference.workers.gpu.held import Held
+from inference.workers.gpu.ledger import MessageLedger
+from inference.workers.gpu.line import Line
+from inference.workers.gpu.report import BatchReport
+from inference.workers.tier_reader import PulledMessage, ReaderPool, TierQueueReader
+
+
+def note_claim(claim: Claim, report: BatchReport) -> None:
+    """Count the jobs found past their deadline; dead-letter those whose workers were lost
+    too many times."""
+    report.expired += len(claim.expired)
+    if claim.dead_lettered:
+        dead_letter(claim.dead_lettered, "its workers were lost too many times")
+
+
+@dataclass
+class WindowPolls:
+    """What one window's polls of the tier queues found. While a window waits for company,
+    each poll asks realtime (a realtime job closes the window at once) and the tiers that gave
+    it jobs; a tier below realtime found empty that gave it none is not asked again until the
+    next window: each ask is a broker round trip, and under single-job load empty asks, most
+    of them of tiers with no work at all, outnumbered messages."""
+
+    supplied: set[Tier] = field(default_factory=set)
+    quiet: set[Tier] = field(default_factory=set)
+    # The tiers the last pull asked and found empty.
+    last_empty: list[Tier] = field(default_factory=list)
+
+    def before_waiting(self) -> None:
+        """The window waits for company: what the last pull found empty goes quiet."""
+        self.quiet.update(
+            t for t in self.last_empty if t != Tier.REALTIME and t not in self.supplied
+        )
+
+
+class Intake:
+    """One run's pulls from the service's tier queues, and the claims of what they bring."""
+
+    def __init__(
+        self,
+        reader: TierQueueReader | None,
+        *,
+        readers: ReaderPool | None,
+        service_name: str,
+        worker: str,
+        pull_until: float,
+        line: Line,
+        ledger: MessageLedger,
+        report: BatchReport,
+    ):
+        self.reader = reader  # None once the broker is lost: nothing more is pulled
+        self._pull_until = pull_until  # time.monotonic()'s; after it only realtime work
+        self._readers = readers
+        self._service_name = service_name
+        self._worker = worker
+        self._line = line
+        self._ledger = ledger
+        self._report = report
+
+    @property
+    def pulling(self) -> bool:
+        """Messages may still be pulled: the broker is there and the drain limit not past."""
+        return self.reader is not None and time.monotonic() < self._pull_until
+
+    def reader_lost(self) -> None:
+        """The broker connection broke: a fresh one opens for the next task."""
+        self._readers.discard(self._service_name)
+        self.reader = None
+
+    def pull(
+        self, window: BatchWindow, *, realtime: bool, polls: WindowPolls | None = None
+    ) -> list[PulledMessage]:
+        """As many waiting messages as the window is likely to take, to claim together: one
+        claim per batch instead of one per message (each is a Postgres round trip between
+        forward passes). Realtime first; below it, only the queues of tiers whose turn comes
+        before claimed jobs waiting here. Stops at a realtime message, which changes what
+        the window takes."""
+        pulled: list[PulledMessage] = []
+        room = max(1, window.likely_room())
+        jobs = 0
+        # Queues found empty in this pull are not asked again until the next one (each ask is
+        # a round trip). Realtime work arriving meanwhile is found before the batch starts
+        # (DrainLoop.realtime_first).
+        empty: set[Tier] = set(polls.quiet) if polls is not None else set()
+        while jobs < room:
+            tiers = [Tier.REALTIME] if realtime else self._line.tiers_ahead_of_waiting()
+            tiers = [tier for tier in tiers if tier not in empty]
+            pm = self.reader.get(tiers) if tiers else None
+            if pm is None:
+                if polls is not None:
+                    polls.last_empty = tiers
+                break
+            pulled.append(pm)
+            jobs += len(pm.job_ids)
+            if pm.tier == Tier.REALTIME and not realtime:
+                break
+            empty.update(tiers[: tiers.index(pm.tier)])
+            if pm.left_in_queue == 0:
+                empty.add(pm.tier)
+        return pulled
+
+    def claim(self, pulled: list[PulledMessage]) -> list[tuple[Held, Tier]]:
+        """Claim the pulled messages' jobs in one go: the jobs to run, each with the tier of
+        the message that brought it. A message with no job left to run is acked now."""
+        try:
+            claim = Job.objects.claim(
+                [job_id for pm in pulled for job_id in pm.job_ids],
+                redelivered_ids=[i for pm in pulled if pm.redelivered for i in pm.job_ids],
+                worker=self._worker,
+            )
+        except BaseException:
+            # Not in the ledger yet, so the run's failure handler would not hand them back:
+            # they would stay unacked on this reader's live channel until the lost-message sweep.
+            self._ledger.requeue(pulled)
+            raise
+        note_claim(claim, self._report)
+        claimed_ids = {str(job.pk) for job in claim.jobs}
+        tier_of: dict[str, Tier] = {}
+        for pm in pulled:
+            mine = claimed_ids.intersection(pm.job_ids)
+            if self.reader is not None:
+                self.reader.claimed(pm, len(mine))
+            if mine:
+                self._ledger.track(pm, mine)
+                tier_of.update(dict.fromkeys(mine, pm.tier))
+            else:
+                # Duplicates, cancelled, expired or finished jobs: nothing to run.
+                self._ledger.ack([pm])
+        return [(Held(job, claim), tier_of[str(job.pk)]) for job in claim.jobs]

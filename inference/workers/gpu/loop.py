@@ -1,0 +1,197 @@
+"""The drain loop: what runs next, pipelined so the model is not left waiting for the queue.
+
+While a forward pass runs on the model thread, the loop's thread forms and claims the next
+batch and the store thread writes the previous one's outcomes; the forward passes themselves
+run one after another. Before starting a batch of non-realtime work formed during the
+previous pass, the loop looks for realtime work and runs it first. A chunked generation that
+a pass left unfinished goes back, still claimed, to the front of the line.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait as wait_futures
+
+from django.utils import timezone
+
+from inference.engines.llm import RESUME
+from inference.jobs.tiers import Tier
+from inference.jobs.transitions import Outcome
+from inference.models import Service
+from inference.scheduling.cost_model import BatchCostModel
+from inference.workers.gpu.former import BatchFormer
+from inference.workers.gpu.held import Held, Resume, left_unfinished
+from inference.workers.gpu.intake import Intake
+from inference.workers.gpu.ledger import MessageLedger
+from inference.workers.gpu.line import Line
+from inference.workers.gpu.model_thread import ModelThread
+from inference.workers.gpu.report import BatchReport
+from inference.workers.gpu.store_thread import OutcomeWriter
+from inference.workers.tier_reader import (
+    DEFAULT_WEIGHTS,
+    ReaderPool,
+    TierQueueReader,
+    WeightedShare,
+)
+
+logger = logging.getLogger(__name__)
+
+# One task keeps forming batches while work is waiting for at most this long (its seed message
+# stays unacked meanwhile): far below the 300 s task limit and RabbitMQ's consumer_timeout.
+DRAIN_LIMIT_S = 20.0
+# The next batch is formed halfway through the running pass's predicted run, and at least this
+# long before its predicted end: late enough that work arriving meanwhile is taken in priority
+# order (tier, then plan) rather than in order of arrival, early enough that pulling, claiming
+# and tokenizing it are done when the pass ends even when the prediction runs long. An early
+# form that found nothing is repeated when the pass ends, so nothing arriving meanwhile waits
+# for a new task.
+FORM_AHEAD_S = 0.05
+# One read of the service's cost model serves the loop this long (its own batches refresh it).
+COST_MODEL_REUSE_S = 1.0
+
+
+class DrainLoop:
+    """One run of the loop, over the line of jobs it holds claimed and the tier queues."""
+
+    def __init__(
+        self,
+        service: Service,
+        engine,
+        reader: TierQueueReader | None,
+        *,
+        readers: ReaderPool | None,
+        model_thread: ModelThread,
+        worker: str,
+        report: BatchReport,
+    ):
+        self.report = report
+        self.ledger = MessageLedger(readers, service.name)
+        self.line = Line(reader.share if reader is not None else WeightedShare(DEFAULT_WEIGHTS))
+        self.intake = Intake(
+            reader,
+            readers=readers,
+            service_name=service.name,
+            worker=worker,
+            pull_until=time.monotonic() + DRAIN_LIMIT_S,
+            line=self.line,
+            ledger=self.ledger,
+            report=report,
+        )
+        # One per task: a task starts from what every worker has stored, so a chunked
+        # generation is not sized on another task's stale prediction.
+        cost_model = BatchCostModel(service.name, engine.device, reuse_s=COST_MODEL_REUSE_S)
+        self.former = BatchFormer(service, engine, cost_model, line=self.line, intake=self.intake)
+        self.writer = OutcomeWriter(engine, cost_model, ledger=self.ledger, report=report)
+        self._engine = engine
+        self._model_thread = model_thread
+        self._started_at = 0.0  # time.monotonic() when the running pass started
+
+    def hold(self, held: Held, tier: Tier | None) -> None:
+        """A claimed job to run (a seed), held in the line until its batch is formed."""
+        self.former.hold(held, tier)
+
+    def run(self) -> None:
+        try:
+            self._drain()
+        finally:
+            # The last batch's outcomes are stored and its messages acked before the task
+            # returns, or, after an error, before the unacked rest go back to their queues.
+            self.writer.written()
+
+    def _drain(self) -> None:
+        # A realtime seed starts its pass at once: realtime work waiting beside it is pulled
+        # while that pass runs, for the next one. At idle there is none, and looking for it
+        # first would put a broker round trip and a cost-model read between claim and pass.
+        realtime_seed = any(held.job.tier == Tier.REALTIME for held in self.line.front)
+        batch = self.former.form(company=not realtime_seed)
+        running: tuple[list[Held], Future] | None = None
+        if batch:
+            running = (batch, self._start(batch))
+        while running is not None:
+            held, future = running
+            # While the model runs: form and claim the next batch, as late as the pass allows,
+            # so what arrives meanwhile is ordered by tier and plan, not by arrival.
+            self._wait_until_due(held, future)
+            upcoming = self.former.form() if self.line.holding or self.intake.pulling else []
+            formed_at = time.monotonic()
+            outcomes = self._wait(held, future)
+            unfinished = self._carry_on(held, outcomes)
+            if not upcoming and (
+                unfinished or (self.intake.pulling and time.monotonic() - formed_at > FORM_AHEAD_S)
+            ):
+                upcoming = self.former.form()  # what it left unfinished; what arrived since
+            upcoming = self.realtime_first(upcoming)
+            running = (upcoming, self._start(upcoming)) if upcoming else None
+            # While the next batch runs: this one's outcomes go to the store thread (once the
+            # one before is stored and its finished messages acked).
+            self.writer.write(held, outcomes, self.former.service)
+
+    def realtime_first(self, upcoming: list[Held]) -> list[Held]:
+        """A batch formed during the previous pass yields to realtime work that arrived
+        since: its jobs stay claimed and go back to the front of the line."""
+        # Also after the drain limit, while claimed jobs are still being run.
+        if not upcoming or any(h.item.realtime for h in upcoming):
+            return upcoming
+        realtime = self.former.form(only_realtime=True, pull=True)
+        if not realtime:
+            return upcoming
+        self.line.put_first(upcoming)
+        return realtime
+
+    def _wait_until_due(self, batch: list[Held], future: Future) -> None:
+        """Until halfway through the running pass's predicted run, at the latest FORM_AHEAD_S
+        before its predicted end (or until it ends)."""
+        predicted_s = self.former.predict_s(sum(h.item.tokens for h in batch))
+        form_after_s = min(predicted_s / 2, predicted_s - FORM_AHEAD_S)
+        due_in_s = self._started_at + form_after_s - time.monotonic()
+        if due_in_s > 0:
+            wait_futures([future], timeout=due_in_s)
+
+    def _start(self, batch: list[Held]) -> Future:
+        self.report.batches += 1
+        self._started_at = time.monotonic()
+        plans = [(h.steps, h.resume) for h in batch]
+        return self._model_thread.infer(
+            self._engine,
+            [h.job for h in batch],
+            [h.item.tokens for h in batch],
+            plans if any(steps or resume for steps, resume in plans) else None,
+        )
+
+    def _wait(self, batch: list[Held], future: Future) -> list[Outcome]:
+        limit_s = self.former.service.inference_timeout
+        started_at = timezone.now()
+        try:
+            return future.result(timeout=limit_s if limit_s > 0 else None)
+        except FutureTimeout:
+            # The attempt is over for the jobs (a routed job moves down its cascade); the
+            # pass itself cannot be interrupted, so the next one starts after it ends.
+            logger.warning("batch of %d exceeded inference_timeout %g s", len(batch), limit_s)
+            future.exception()  # wait for the model thread to be free again
+            error = f"the forward pass exceeded the service's inference_timeout ({limit_s:g} s)"
+            return [Outcome(job=h.job, error=error, started_at=started_at) for h in batch]
+
+    def _carry_on(self, batch: list[Held], outcomes: list[Outcome]) -> bool:
+        """Generations the pass left unfinished go back to the front of the line, claimed,
+        to continue after whatever realtime work arrived meanwhile. True if there were any."""
+        unfinished = []
+        for held, outcome in zip(batch, outcomes, strict=True):
+            if not left_unfinished(outcome):
+                continue
+            before = held.resume
+            held.resume = Resume(
+                state=outcome.result[RESUME],
+                passes=(before.passes if before else 0) + 1,
+                inference_ms=(before.inference_ms if before else 0.0) + outcome.inference_ms,
+                started_at=before.started_at if before else outcome.started_at,
+                stream_seq=outcome.result.get("stream_seq", 0),
+                first_text_at=outcome.result.get("first_text_at"),
+            )
+            held.item = None  # sized again for its next pass
+            unfinished.append(held)
+        self.report.continued += len(unfinished)
+        self.line.put_first(unfinished)
+        return bool(unfinished)

@@ -1,0 +1,74 @@
+"""The GPU worker's entry: one delivered message's jobs, and the loop they start."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from inference.dispatch.settlement import fail_over_local_error
+from inference.engines import load_engine
+from inference.jobs.tiers import Tier
+from inference.models import Job
+from inference.workers import worker_identity
+from inference.workers.gpu.held import Held
+from inference.workers.gpu.intake import note_claim
+from inference.workers.gpu.loop import DrainLoop
+from inference.workers.gpu.model_thread import ModelThread
+from inference.workers.gpu.report import BatchReport
+from inference.workers.tier_reader import ReaderPool
+
+
+class BatchRunner:
+    """One per worker process: its readers of the tier queues and its model thread."""
+
+    def __init__(self, readers: ReaderPool | None):
+        self._readers = readers
+        self._model_thread = ModelThread()
+
+    def run(
+        self, seed_job_ids: list[str], *, seed_redelivered: bool, seed_tier: str | None
+    ) -> dict:
+        """Claim the seed jobs (the task's message), then drain: run them and what waits
+        behind them. Returns the BatchReport, as a dict."""
+        report = BatchReport()
+        worker = worker_identity()
+        seed_claim = Job.objects.claim(
+            seed_job_ids,
+            redelivered_ids=seed_job_ids if seed_redelivered else [],
+            worker=worker,
+        )
+        note_claim(seed_claim, report)
+        if not seed_claim.jobs:
+            report.dropped += len(seed_job_ids) - len(seed_claim.expired)
+            return report.as_dict()
+
+        service = seed_claim.jobs[0].service
+        try:
+            engine = load_engine(service.kind, service.model_ref, device=settings.RENQ_DEVICE)
+        except Exception as exc:
+            # The local backend is down: a routed job moves down its cascade (routing/).
+            for job in seed_claim.jobs:
+                if not fail_over_local_error(seed_claim.token, job, exc):
+                    raise
+            report.failed += len(seed_claim.jobs)
+            return report.as_dict()
+        loop = DrainLoop(
+            service,
+            engine,
+            self._readers.get(service.name),
+            readers=self._readers,
+            model_thread=self._model_thread,
+            worker=worker,
+            report=report,
+        )
+        for job in seed_claim.jobs:
+            loop.hold(Held(job, seed_claim), Tier(seed_tier) if seed_tier else None)
+        seed_ids = {str(job.pk) for job in seed_claim.jobs}
+        try:
+            loop.run()
+        except BaseException:
+            # Outcomes may not be stored: hand the pulled messages back now (redelivered, the
+            # claim is taken over) rather than waiting for the stale-claim sweep.
+            loop.ledger.requeue(loop.ledger.unsettled())
+            raise
+        report.seed_failed = bool(seed_ids & loop.writer.failed_ids)
+        return report.as_dict()
