@@ -51,7 +51,8 @@ class JobSubmitSerializer(serializers.Serializer):
         max_value=MAX_DEADLINE_MS,
         required=False,
         allow_null=True,
-        help_text="An interactive job not started within this many ms expires.",
+        help_text="A job not started within this many ms expires (an interactive job's "
+        "deadline is never later than the service's total_timeout).",
     )
 
 

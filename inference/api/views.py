@@ -26,15 +26,22 @@ from inference.intake.bulk import submit_bulk
 from inference.intake.submission import (
     MAX_JOBS_PER_REQUEST,
     JobRequest,
-    accept,
     cancel_job,
     prepare,
     submit_job,
+    submit_jobs,
 )
 from inference.jobs.inputs import InputError, check_storable_text
 from inference.jobs.vectors import ENCODING_FORMATS
 from inference.models import Job, JobStatus, Service
 from routing.models import JobAttempt
+
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
+IDEMPOTENCY_KEY_DOC = (
+    "An `Idempotency-Key` header makes a retry safe: the same request sent again with it "
+    "(24 h) is answered 200 with what the first made, and makes nothing; the key sent with "
+    "a different request is a 400 naming it."
+)
 
 # Request examples for the docs page (and the first cases schemathesis sends).
 SUBMIT_EXAMPLES = [
@@ -118,7 +125,7 @@ class JobListCreateView(generics.ListAPIView):
         examples=SUBMIT_EXAMPLES,
         description="Submit one job (an object) or many (a list of up to "
         f"{MAX_JOBS_PER_REQUEST} objects: one transaction, per-item results and errors). "
-        "An `Idempotency-Key` header returns the job it first created (24 h).",
+        + IDEMPOTENCY_KEY_DOC,
     )
     def post(self, request):
         # A cache hit answers with its result: encoded as asked, checked before any job exists.
@@ -132,7 +139,7 @@ class JobListCreateView(generics.ListAPIView):
             payload=fields["input"],
             priority=fields.get("priority"),
             deadline_ms=fields.get("deadline_ms"),
-            idempotency_key=request.headers.get("Idempotency-Key", ""),
+            idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER, ""),
             actor=requested_actor(request),
         )
         replayed = getattr(job, "replayed", False)
@@ -175,12 +182,18 @@ class JobListCreateView(generics.ListAPIView):
         if not valid:
             first = next(r for r in results if r)["error"]
             raise InputError(first["field"], first["message"].split(": ", 1)[-1])
-        jobs = accept(tenant, [r for _, r in valid], actor=requested_actor(request))
+        jobs = submit_jobs(
+            tenant,
+            [r for _, r in valid],
+            idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER, ""),
+            actor=requested_actor(request),
+        )
         for (i, _), job in zip(valid, jobs, strict=True):
             results[i] = accepted_job_body(job, context["encoding_format"])
+        replayed = all(getattr(job, "replayed", False) for job in jobs)
         return Response(
             {"accepted": len(valid), "rejected": len(items) - len(valid), "jobs": results},
-            status=status.HTTP_202_ACCEPTED,
+            status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED,
         )
 
 
@@ -189,7 +202,8 @@ class BulkJobCreateView(APIView):
 
     @extend_schema(
         request=BulkJobSubmitSerializer,
-        responses={202: JobSerializer, **error_responses(400, 413, 415)},
+        responses={202: JobSerializer, 200: JobSerializer, **error_responses(400, 413, 415)},
+        description=IDEMPOTENCY_KEY_DOC,
         examples=[
             OpenApiExample(
                 "embedding texts in bulk",
@@ -207,9 +221,14 @@ class BulkJobCreateView(APIView):
             service_name=fields.get("service"),
             payload=fields["input"],
             priority=fields.get("priority"),
+            idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER, ""),
             actor=requested_actor(request),
         )
-        return Response(JobSerializer(job).data, status=status.HTTP_202_ACCEPTED)
+        replayed = getattr(job, "replayed", False)
+        return Response(
+            JobSerializer(job).data,
+            status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED,
+        )
 
 
 def _own_jobs(request):

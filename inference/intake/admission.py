@@ -6,11 +6,14 @@ or refused whole):
 - the service's `rate_limit` (jobs/s per tenant) and the tenant's `requests_per_minute` and
   `monthly_token_budget`: Redis counters shared by every web process, reserved atomically and
   given back when the request is refused further on (429);
-- the tenant's `max_running_jobs` (queued + running), counted in Postgres (429);
 - the service's `max_queue_size`: counted and inserted under one per-service advisory lock, in
   one round trip with the INSERTs, so concurrent submitters cannot overshoot it; the last
   `P0_RESERVED_FRACTION` of the queue is kept for realtime jobs, which are refused only when
-  the queue is truly full (503).
+  the queue is truly full (503);
+- the tenant's `max_running_jobs` (queued + running): the same, under a per-tenant lock (429).
+
+A transaction takes its capacity locks before its running-jobs lock, each kind in id order
+(`lock_key` orders them so): two submitters never wait on each other's locks in a circle.
 """
 
 from __future__ import annotations
@@ -23,16 +26,22 @@ from datetime import UTC, datetime
 from django.db import DatabaseError
 
 from inference.jobs.tiers import Tier
-from inference.models import Job, JobStatus, Service, Tenant
+from inference.models import Service, Tenant
 from renq_site.shared_redis import shared_redis
 
 # Share of max_queue_size only realtime jobs may fill: a backlog of batch work never locks
 # realtime traffic out.
 P0_RESERVED_FRACTION = 0.1
-# Advisory-lock namespace for the per-service queue-capacity check.
+# Advisory-lock namespaces of the per-service queue-capacity check and the per-tenant
+# running-jobs check; (space, id) is a lock's key, and keys are taken in ascending order.
 _CAPACITY_LOCK_SPACE = 7_301
+_RUNNING_JOBS_LOCK_SPACE = 7_302
 # The SQLSTATE renq_admit_to_queue raises when a request's jobs do not fit the queue.
 QUEUE_FULL_SQLSTATE = "RQ503"
+# The SQLSTATE the running-jobs check raises when a request's jobs exceed max_running_jobs.
+RUNNING_JOBS_SQLSTATE = "RQ429"
+
+LockKey = tuple[int, int]
 
 
 @dataclass
@@ -130,29 +139,6 @@ def _seconds_to_next_month(now: float) -> int:
     return max(1, int(datetime(year, month, 1, tzinfo=UTC).timestamp() - now))
 
 
-def check_running_jobs(tenant: Tenant, jobs: int) -> None:
-    """The tenant's queued + running jobs stay within max_running_jobs."""
-    limit = tenant.max_running_jobs
-    if not limit:
-        return
-    active = (
-        Job.objects.filter(
-            tenant=tenant, status__in=[JobStatus.QUEUED, JobStatus.RUNNING], parent__isnull=True
-        )
-        .values("pk")[:limit]
-        .count()
-    )
-    if active + jobs > limit:
-        raise AdmissionRefused(
-            429,
-            "tenant",
-            f"quota max_running_jobs ({limit}) reached: {active} of your jobs are queued or "
-            f"running.",
-            retry_after_s=1,
-            quota="max_running_jobs",
-        )
-
-
 @dataclass(frozen=True)
 class QueueCapacityCheck:
     """The service's max_queue_size check as a statement of the submitting transaction, sent
@@ -165,6 +151,10 @@ class QueueCapacityCheck:
     service: Service
     tier: str
     jobs: int
+
+    @property
+    def lock_key(self) -> LockKey:
+        return (_CAPACITY_LOCK_SPACE, self.service.pk)
 
     @property
     def allowed(self) -> int:
@@ -202,4 +192,74 @@ class QueueCapacityCheck:
             + f"); {self.jobs} more do not fit; retry later.",
             retry_after_s=retry,
             quota="max_queue_size",
+        )
+
+
+# The count and the refusal in one statement, as renq_admit_to_queue (migration 0011) does for
+# the queue; a DO block rather than a function, so no migration: it takes no parameters, and
+# the integers written into it are the check's own. Its queries each take a new snapshot, so
+# the count, taken after the lock, sees every job the lock's previous holder committed.
+_RUNNING_JOBS_SQL = """DO $renq$
+DECLARE
+    active integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock({space}, {tenant});
+    SELECT count(*) INTO active FROM (
+        SELECT 1 FROM inference_job
+        WHERE tenant_id = {tenant} AND status IN ('queued', 'running') AND parent_id IS NULL
+        LIMIT {limit}
+    ) AS running;
+    IF active + {jobs} > {limit} THEN
+        RAISE EXCEPTION USING ERRCODE = '{sqlstate}', DETAIL = {tenant} || ':' || active,
+            MESSAGE = 'max_running_jobs of tenant {tenant} reached';
+    END IF;
+END
+$renq$"""
+
+
+@dataclass(frozen=True)
+class RunningJobsCheck:
+    """The tenant's max_running_jobs (its queued and running jobs, bulk pieces aside) as a
+    statement of the submitting transaction, like QueueCapacityCheck: the tenant's advisory
+    lock, held until commit, then the count, and an abort when the new jobs do not fit.
+    Counted outside the lock, concurrent submitters would each see room for themselves."""
+
+    tenant: Tenant
+    jobs: int
+
+    @property
+    def lock_key(self) -> LockKey:
+        return (_RUNNING_JOBS_LOCK_SPACE, self.tenant.pk)
+
+    def statement(self) -> tuple[str, list] | None:
+        """The SQL and its (no) parameters, or None for a tenant without the quota or a
+        request that adds no running job (all of it answered from the cache)."""
+        limit = self.tenant.max_running_jobs
+        if not limit or not self.jobs:
+            return None
+        sql = _RUNNING_JOBS_SQL.format(
+            space=_RUNNING_JOBS_LOCK_SPACE,
+            tenant=int(self.tenant.pk),
+            limit=int(limit),
+            jobs=int(self.jobs),
+            sqlstate=RUNNING_JOBS_SQLSTATE,
+        )
+        return sql, []
+
+    def refusal(self, error: DatabaseError) -> AdmissionRefused | None:
+        """The 429 for the error the statement raised, or None for any other error."""
+        cause = error.__cause__
+        if getattr(cause, "pgcode", None) != RUNNING_JOBS_SQLSTATE:
+            return None
+        tenant_id, active = map(int, cause.diag.message_detail.split(":"))
+        if tenant_id != self.tenant.pk:
+            return None
+        limit = self.tenant.max_running_jobs
+        return AdmissionRefused(
+            429,
+            "tenant",
+            f"quota max_running_jobs ({limit}) reached: {active} of your jobs are queued or "
+            f"running.",
+            retry_after_s=1,
+            quota="max_running_jobs",
         )

@@ -13,14 +13,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
 from inference.dispatch.publishing import publish_bulk
-from inference.intake.admission import check_running_jobs, reserve_counters
+from inference.intake.admission import RunningJobsCheck, reserve_counters
 from inference.intake.audit import record_receipts
-from inference.intake.submission import resolve_service, resolve_tier
+from inference.intake.row_writer import run_in_one_round_trip
+from inference.intake.submission import (
+    clean_idempotency_key,
+    replay,
+    resolve_service,
+    resolve_tier,
+)
 from inference.jobs.inputs import InputError
 from inference.jobs.kinds import CHARS_PER_TOKEN, kind_of
 from inference.jobs.status import TERMINAL_STATUSES
@@ -98,31 +104,63 @@ def _bulk_field(field: str, items_field: str, offset: int) -> str:
 
 
 def submit_bulk(
-    *, tenant: Tenant, service_name: Any, payload: Any, priority: Any = None, actor: str = ""
+    *,
+    tenant: Tenant,
+    service_name: Any,
+    payload: Any,
+    priority: Any = None,
+    idempotency_key: str = "",
+    actor: str = "",
 ) -> Job:
     """One request, admitted or refused whole: it counts once against the rate limits and
     running-jobs quota, with all its tokens against the monthly budget. Its pieces wait on the
-    bulk queue, not in the tier queues, so they never fill max_queue_size for others."""
+    bulk queue, not in the tier queues, so they never fill max_queue_size for others.
+
+    With an `idempotency_key` the tenant sent with the same bulk job in the last 24 h, returns
+    that job (with `job.replayed = True`) and creates nothing; InputError if it was sent with
+    another request."""
+    key = clean_idempotency_key(idempotency_key)
     service = resolve_service(service_name)
     # Only null or "" mean the default (batch): any other value, `{}` or `0` too, is checked.
     tier = resolve_tier(Tier.BATCH if priority is None or priority == "" else priority, tenant)
     if tier not in BULK_TIERS:
         raise InputError("priority", "bulk jobs run at batch or offline priority.")
+    if key and (replayed := replay(tenant, key, [(service, payload)], bulk=True)) is not None:
+        return replayed[0]
     piece_inputs = split_bulk(service, payload)
     kind = kind_of(service.kind)
     tokens = sum(sum(kind.estimate_tokens(piece)) for piece in piece_inputs)
     reservation = reserve_counters(tenant, service, jobs=1, tokens=tokens)
     try:
-        check_running_jobs(tenant, 1)
-        return _store_bulk(tenant, service, tier, payload, piece_inputs, actor)
-    except BaseException:
+        return _store_bulk(tenant, service, tier, payload, piece_inputs, actor, key)
+    except BaseException as exc:
         reservation.release()
+        # A concurrent request with the same key won the race: answer with its job.
+        if isinstance(exc, IntegrityError) and key:
+            replayed = replay(tenant, key, [(service, payload)], bulk=True)
+            if replayed is not None:
+                return replayed[0]
         raise
 
 
-def _store_bulk(tenant, service, tier, payload, piece_inputs, actor: str) -> Job:
+def _store_bulk(tenant, service, tier, payload, piece_inputs, actor: str, key: str) -> Job:
+    # The parent is one of the tenant's running jobs: counted and stored under its lock.
+    running = RunningJobsCheck(tenant, 1)
+    try:
+        return _insert_bulk(tenant, service, tier, payload, piece_inputs, actor, key, running)
+    except DatabaseError as exc:
+        refusal = running.refusal(exc)
+        if refusal is not None:
+            raise refusal from None
+        raise
+
+
+def _insert_bulk(tenant, service, tier, payload, piece_inputs, actor, key, running) -> Job:
     now = timezone.now()  # created and started at once: no negative queue_wait_ms
     with transaction.atomic():
+        check = running.statement()
+        if check is not None:
+            run_in_one_round_trip([check])
         parent = Job.objects.create(
             tenant=tenant,
             service=service,
@@ -133,6 +171,7 @@ def _store_bulk(tenant, service, tier, payload, piece_inputs, actor: str) -> Job
             status=JobStatus.RUNNING,
             created_at=now,
             started_at=now,
+            idempotency_key=key,
         )
         pieces = Job.objects.bulk_create(
             Job(

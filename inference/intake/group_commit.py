@@ -9,11 +9,14 @@ leader. Nothing waits for a group to fill (an idle process commits each submissi
 a group is what piled up during one round trip, so it grows with the load.
 
 A group is one implicit transaction: it commits whole or not at all. When it fails (a queue
-full, an Idempotency-Key taken, Postgres away), every member runs its own statements alone,
-so each gets exactly the answer it would have got without the group. Members go in order of
-the services they lock (their queue-capacity checks take each service's advisory lock), so two
-groups never take two services' locks in opposite orders; a member's own statements stay in
-their order, so its capacity check counts the jobs of the members before it.
+full, a quota reached, an Idempotency-Key taken, Postgres away), every member runs its own
+statements alone, so each gets exactly the answer it would have got without the group.
+Members go in order of the advisory locks they take (their admission checks: a service's
+queue capacity, a tenant's running jobs), and a member's own statements stay in their order,
+so its checks count the jobs of the members before it. Every transaction takes its locks in
+ascending key order, as a lone submission's checks do, so no two wait on each other in a
+circle: when the members' locks, one member after another, would not be taken in that order
+(a member locking two services, or a service and its tenant), the group takes them all first.
 
 The jobs of a committed group are published together (jobs bound for one tier queue share a
 message), and every member returns after that publish, as it would have alone.
@@ -75,7 +78,8 @@ class GroupCommit:
     def submit(self, statements: Statements, jobs: Sequence[Job], lock_order: tuple = ()) -> None:
         """Commit one submission's statements and publish its jobs; returns once both are done.
         Raises the DatabaseError its statements raise when run alone (and then nothing of it
-        was committed or published). `lock_order`: the ids of the services it locks."""
+        was committed or published). `lock_order`: the keys, (space, id), of the advisory locks
+        its statements take, in ascending order."""
         if self._pid != os.getpid():
             self._reset()  # a forked child: its parent's threads are not here
         mine = _Submission(statements, jobs, lock_order)
@@ -129,8 +133,13 @@ class GroupCommit:
             self._execute(mine.statements)  # raises to this submission's caller
             return True
         group.sort(key=lambda s: s.lock_order)
+        statements = [statement for s in group for statement in s.statements]
+        # A lock a member takes again is already held: only first takings can wait.
+        taken = list(dict.fromkeys(key for s in group for key in s.lock_order))
+        if taken != sorted(taken):
+            statements.insert(0, _lock_statement(sorted(taken)))
         try:
-            self._execute([statement for s in group for statement in s.statements])
+            self._execute(statements)
         except BaseException:
             # Nothing of the group was committed: each member finds out alone what its own
             # statements do (a refusal, a conflict, an outage).
@@ -145,3 +154,9 @@ class GroupCommit:
     def _alone(self, submission: _Submission) -> None:
         self._execute(submission.statements)
         self._publish(submission.jobs)
+
+
+def _lock_statement(keys: Sequence[tuple[int, int]]) -> tuple[str, list]:
+    """Take these advisory locks (held until commit), one statement each, in the given order."""
+    sql = ";\n".join("SELECT pg_advisory_xact_lock(%s, %s)" for _ in keys)
+    return sql, [part for key in keys for part in key]

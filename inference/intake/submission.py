@@ -1,10 +1,10 @@
 """The submit service: the one way a job enters renq (REST API, OpenAI API, bulk, demo, tests).
 
-validate (400 names the field) → admission (429 with Retry-After, a request admitted or
-refused whole) → routing decision → [queue capacity check (503) → INSERT jobs, receipts,
-routes → COMMIT]: one round trip, shared with the submissions that arrived meanwhile
-(`inference.intake.group_commit`) → publish (after commit, so a worker never sees a job that does
-not exist).
+validate (400 names the field) → Idempotency-Key replay → result cache → admission (429 with
+Retry-After, a request admitted or refused whole) → routing decision → [queue capacity check
+(503) → running-jobs check (429) → INSERT jobs, receipts, routes → COMMIT]: one round trip,
+shared with the submissions that arrived meanwhile (`inference.intake.group_commit`) → publish
+(after commit, so a worker never sees a job that does not exist).
 """
 
 from __future__ import annotations
@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from inference.dispatch.placement import routes_on_submit
 from inference.dispatch.publishing import publish_many, publish_many_on_commit
-from inference.intake.admission import QueueCapacityCheck, check_running_jobs, reserve_counters
+from inference.intake.admission import QueueCapacityCheck, RunningJobsCheck, reserve_counters
 from inference.intake.audit import receipts, record_event
 from inference.intake.group_commit import GroupCommit
 from inference.intake.lookups import active_service, forget_all
@@ -83,12 +84,31 @@ def resolve_deadline_ms(deadline_ms: Any) -> int | None:
 
 
 def input_digest(service: Service, tenant: Tenant, payload: dict) -> str:
-    """The result-cache key: per tenant (another tenant's inputs are never revealed) and per
-    model (a changed model_ref does not serve the old model's answers)."""
-    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    """The result-cache key: per tenant (another tenant's inputs are never revealed), per model
+    (a changed model_ref does not serve the old model's answers), and of the input as the
+    engine runs it, the service's defaults filled in (normalize_embeddings): a changed default
+    is a new key, and naming the default is the same request."""
+    engine_input = kind_of(service.kind).engine_payload(service, payload)
+    canonical = json.dumps(engine_input, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(
         f"{tenant.pk}:{service.pk}:{service.model_ref}:{canonical}".encode()
     ).hexdigest()
+
+
+def cacheable(service: Service, payload: dict) -> bool:
+    """Whether the result cache serves and keeps answers to this input: only where the same
+    input always gets the same answer. A generation sampled at a temperature above 0 is a new
+    draw each time; greedy decoding (temperature 0) is not."""
+    return service.enable_cache and float(payload.get("temperature", 0.0)) == 0.0
+
+
+def effective_deadline_s(service: Service, deadline_ms: int | None) -> float:
+    """How long a request for the service may take to its answer: the service's total_timeout,
+    which the request's own deadline (deadline_ms, X-Renq-Deadline-Ms) may tighten, never
+    loosen."""
+    if deadline_ms is None:
+        return service.total_timeout
+    return min(deadline_ms / 1000, service.total_timeout)
 
 
 @dataclass
@@ -131,13 +151,10 @@ def submit_job(
 
     Raises InputError (400, names the field) or AdmissionRefused (429/503 with Retry-After).
     With an `idempotency_key` already used by the tenant in the last 24 h, returns that job
-    (with `job.replayed = True`) and creates nothing.
+    (with `job.replayed = True`) and creates nothing; InputError if it was used for another
+    request.
     """
-    key = _clean_idempotency_key(idempotency_key)
-    if key:
-        existing = _replay(tenant, key)
-        if existing is not None:
-            return existing
+    key = clean_idempotency_key(idempotency_key)
     request = prepare(
         tenant,
         service_name=service_name,
@@ -146,12 +163,8 @@ def submit_job(
         deadline_ms=deadline_ms,
     )
     try:
-        return accept(tenant, [request], actor=actor, idempotency_key=key)[0]
+        return submit_jobs(tenant, [request], idempotency_key=key, listed=False, actor=actor)[0]
     except IntegrityError:
-        # A concurrent request with the same key won the race: answer with its job.
-        replay = _replay(tenant, key) if key else None
-        if replay is not None:
-            return replay
         if Service.objects.filter(pk=request.service.pk).exists():
             raise
     # The cached service was deleted (and maybe recreated) since it was cached: look again.
@@ -160,29 +173,72 @@ def submit_job(
         tenant, service_name=service_name, payload=payload, priority=priority,
         deadline_ms=deadline_ms,
     )  # fmt: skip
-    return accept(tenant, [request], actor=actor, idempotency_key=key)[0]
+    return submit_jobs(tenant, [request], idempotency_key=key, listed=False, actor=actor)[0]
+
+
+def submit_jobs(
+    tenant: Tenant,
+    requests: Sequence[JobRequest],
+    *,
+    idempotency_key: str = "",
+    listed: bool = True,
+    actor: str = "",
+) -> list[Job]:
+    """`accept`, safe to retry with an Idempotency-Key: a request sent again with the key (in
+    the last 24 h) gets the jobs the first one made, each with `replayed = True`, and nothing
+    is created; the key sent with another request is an InputError. `listed`: the requests
+    are the items of a list (each of its jobs keeps the key in its own form)."""
+    key = clean_idempotency_key(idempotency_key)
+    sent = [(request.service, request.input) for request in requests]
+    if key:
+        replayed = replay(tenant, key, sent, listed=listed)
+        if replayed is not None:
+            return replayed
+    try:
+        return accept(
+            tenant,
+            requests,
+            actor=actor,
+            idempotency_keys=stored_keys(key, len(requests), listed=listed),
+        )
+    except IntegrityError:
+        # A concurrent request with the same key won the race: answer with its jobs.
+        replayed = replay(tenant, key, sent, listed=listed) if key else None
+        if replayed is None:
+            raise
+        return replayed
 
 
 def accept(
-    tenant: Tenant, requests: Sequence[JobRequest], *, actor: str = "", idempotency_key: str = ""
+    tenant: Tenant,
+    requests: Sequence[JobRequest],
+    *,
+    actor: str = "",
+    idempotency_keys: Sequence[str] = (),
 ) -> list[Job]:
-    """Admit and store validated requests, all or none; publish them after commit."""
-    jobs: list[Job | None] = [None] * len(requests)
-    pending: list[int] = []
+    """Admit and store validated requests, all or none; publish them after commit.
+
+    A request the result cache answers is admitted like the others (rate limits, requests per
+    minute, token budget) and stored in the same transaction, already succeeded; it neither
+    queues nor runs, so it takes no room in the queue (max_queue_size) and is not one of the
+    tenant's running jobs (max_running_jobs)."""
+    keys = list(idempotency_keys) or [""] * len(requests)
+    now = timezone.now()
+    digests = [""] * len(requests)  # the result-cache key of each cacheable request
+    answers: dict[int, Job] = {}  # the cached answer to each request that has one
     for i, request in enumerate(requests):
-        hit = _cache_hit(tenant, request)
-        if hit is not None:
-            jobs[i] = hit
-        else:
-            pending.append(i)
-    if not pending:
-        return jobs  # type: ignore[return-value]
+        if cacheable(request.service, request.input):
+            digests[i] = input_digest(request.service, tenant, request.input)
+            hit = _cached_answer(tenant, request, digests[i], now)
+            if hit is not None:
+                answers[i] = hit
+    pending = [i for i in range(len(requests)) if i not in answers]
 
     reservations = []
     try:
         by_service: dict[int, list[int]] = defaultdict(list)
-        for i in pending:
-            by_service[requests[i].service.pk].append(i)
+        for i, request in enumerate(requests):
+            by_service[request.service.pk].append(i)
         for indexes in by_service.values():
             service = requests[indexes[0]].service
             reservations.append(
@@ -193,17 +249,26 @@ def accept(
                     tokens=sum(requests[i].tokens for i in indexes),
                 )
             )
-        check_running_jobs(tenant, len(pending))
-        now = timezone.now()
-        created = [_new_job(tenant, requests[i], now, idempotency_key) for i in pending]
+        created = [_new_job(tenant, requests[i], now, keys[i], digests[i]) for i in pending]
+        answered = {
+            i: _answered_job(tenant, requests[i], hit, now, keys[i], digests[i])
+            for i, hit in answers.items()
+        }
         routes = routes_on_submit(created)
         receipt_rows = receipts(created, actor=actor)
-        # Services in id order: two lists naming the same services lock them alike.
-        checks = [_capacity_check(requests, by_service[pk]) for pk in sorted(by_service)]
-        # The capacity checks, the jobs, their receipts and routes: one round trip, one
+        queued_by_service: dict[int, list[int]] = defaultdict(list)
+        for i in pending:
+            queued_by_service[requests[i].service.pk].append(i)
+        # Services in id order, then the tenant: every submitter takes its locks in one order.
+        checks: list[QueueCapacityCheck | RunningJobsCheck] = [
+            _capacity_check(requests, queued_by_service[pk]) for pk in sorted(queued_by_service)
+        ]
+        checks.append(RunningJobsCheck(tenant, len(pending)))
+        checked = [(check, sql) for check in checks if (sql := check.statement()) is not None]
+        # The admission checks, the jobs, their receipts and routes: one round trip, one
         # transaction (the caller's, or PostgreSQL's implicit one for the query string).
-        statements = [s for c in checks if (s := c.statement()) is not None]
-        statements += insert_statements(created, receipt_rows, routes)
+        statements = [sql for _, sql in checked]
+        statements += insert_statements(created + list(answered.values()), receipt_rows, routes)
         # published_at is set at INSERT (no UPDATE per job after the confirm); a failed
         # publish clears it for the outbox.
         try:
@@ -213,20 +278,20 @@ def accept(
                     run_in_one_round_trip(statements)
                 publish_many_on_commit(created, counted_on=True)
             else:
-                _group_commit.submit(statements, created, lock_order=tuple(sorted(by_service)))
+                lock_order = tuple(check.lock_key for check, _ in checked)
+                _group_commit.submit(statements, created, lock_order=lock_order)
         except DatabaseError as exc:
-            refusal = next((r for c in checks if (r := c.refusal(exc)) is not None), None)
+            refusal = next((r for c, _ in checked if (r := c.refusal(exc)) is not None), None)
             if refusal is not None:
                 raise refusal from None
             raise
-        mark_saved(created, receipt_rows, routes)
+        mark_saved(created, answered.values(), receipt_rows, routes)
     except BaseException:
         for reservation in reservations:
             reservation.release()
         raise
-    for i, job in zip(pending, created, strict=True):
-        jobs[i] = job
-    return jobs  # type: ignore[return-value]
+    jobs = dict(zip(pending, created, strict=True)) | answered
+    return [jobs[i] for i in range(len(requests))]
 
 
 def _capacity_check(requests: Sequence[JobRequest], indexes: list[int]) -> QueueCapacityCheck:
@@ -273,18 +338,25 @@ class NewJobRow:
 _job_rows = NewJobRow()
 
 
-def _new_job(tenant: Tenant, request: JobRequest, now, idempotency_key: str) -> Job:
+def _new_job(tenant: Tenant, request: JobRequest, now, idempotency_key: str, digest: str) -> Job:
     service = request.service
     deadline_at = None
     if request.deadline_ms is not None:
-        deadline_at = now + timedelta(milliseconds=request.deadline_ms)
+        # The interactive tiers promise an answer within total_timeout: a deadline only
+        # tightens that. Batch work promises none, so its deadline is the one asked for.
+        if Tier(request.tier).is_interactive:
+            deadline_at = now + timedelta(
+                seconds=effective_deadline_s(service, request.deadline_ms)
+            )
+        else:
+            deadline_at = now + timedelta(milliseconds=request.deadline_ms)
     return _job_rows.build(
         tenant,
         service,
         tier=request.tier,
         message_priority=tenant.plan_boost,
         input=request.input,
-        input_hash=input_digest(service, tenant, request.input) if service.enable_cache else "",
+        input_hash=digest,
         created_at=now,
         published_at=now,
         deadline_at=deadline_at,
@@ -292,24 +364,31 @@ def _new_job(tenant: Tenant, request: JobRequest, now, idempotency_key: str) -> 
     )
 
 
-def _cache_hit(tenant: Tenant, request: JobRequest) -> Job | None:
-    service = request.service
-    if not service.enable_cache:
-        return None
-    digest = input_digest(service, tenant, request.input)
-    hit = (
+def _cached_answer(tenant: Tenant, request: JobRequest, digest: str, now) -> Job | None:
+    """The latest job that computed the answer to this input within the cache's TTL (a copy
+    made by an earlier hit is no source: the TTL counts from the computation)."""
+    ttl = timedelta(seconds=settings.RENQ_RESULT_CACHE_TTL_S)
+    return (
         Job.objects.filter(
-            tenant=tenant, service=service, input_hash=digest, status=JobStatus.SUCCEEDED
+            tenant=tenant,
+            service=request.service,
+            input_hash=digest,
+            status=JobStatus.SUCCEEDED,
+            cached=False,
+            created_at__gte=now - ttl,
         )
         .only("result", "result_vectors")
         .first()
     )
-    if hit is None:
-        return None
-    now = timezone.now()
-    return Job.objects.create(
-        tenant=tenant,
-        service=service,
+
+
+def _answered_job(
+    tenant: Tenant, request: JobRequest, hit: Job, now, idempotency_key: str, digest: str
+) -> Job:
+    """A job of its own for a cache hit, already succeeded with a copy of the answer."""
+    job = _job_rows.build(
+        tenant,
+        request.service,
         tier=request.tier,
         message_priority=tenant.plan_boost,
         status=JobStatus.SUCCEEDED,
@@ -322,10 +401,13 @@ def _cache_hit(tenant: Tenant, request: JobRequest) -> Job | None:
         started_at=now,
         finished_at=now,
         inference_ms=0.0,
+        idempotency_key=idempotency_key,
     )
+    Job.route.related.set_cached_value(job, None)  # never routed: no query for its route
+    return job
 
 
-def _clean_idempotency_key(key: Any) -> str:
+def clean_idempotency_key(key: Any) -> str:
     if not key:
         return ""
     if not isinstance(key, str) or len(key) > MAX_IDEMPOTENCY_KEY_CHARS:
@@ -335,20 +417,68 @@ def _clean_idempotency_key(key: Any) -> str:
     return key.strip()
 
 
-def _replay(tenant: Tenant, key: str) -> Job | None:
-    job = (
-        Job.objects.select_related("service", "route__backend")
-        .filter(tenant=tenant, idempotency_key=key)
-        .first()
+def _list_item_key(key: str, index: int) -> str:
+    """The form of `key` the index-th job of a list keeps (a key is unique per tenant, and a
+    list makes several jobs). It starts with a space, which a key as sent never does (keys
+    are stripped), so no client's key is ever taken for it; a key too long to fit with its
+    index is kept as its digest."""
+    stored = f" {index} {key}"
+    if len(stored) > MAX_IDEMPOTENCY_KEY_CHARS:
+        stored = f" {index} sha256:{hashlib.sha256(key.encode()).hexdigest()}"
+    return stored
+
+
+def stored_keys(key: str, count: int, *, listed: bool) -> list[str]:
+    """The idempotency key each of a request's `count` jobs is stored with."""
+    if not key:
+        return [""] * count
+    return [_list_item_key(key, i) for i in range(count)] if listed else [key] * count
+
+
+def replay(
+    tenant: Tenant,
+    key: str,
+    sent: Sequence[tuple[Service, Any]],
+    *,
+    listed: bool = False,
+    bulk: bool = False,
+) -> list[Job] | None:
+    """The jobs a request sent with `key` in the last 24 h made, in order, each with
+    `replayed = True`; None if the key made none. `sent`: this request's (service, input) per
+    job. InputError (400) when the key was sent with another request: other jobs, another
+    number of them, a list for one job, a bulk job for an ordinary one or the other way."""
+    own = stored_keys(key, len(sent), listed=listed)
+    # Where the key would be if another shape of request had been sent with it: as it is,
+    # and a list's forms up to one past this request's own count.
+    probe = {key, *own, *(_list_item_key(key, i) for i in range(len(own) + 1 if listed else 1))}
+    found = {
+        job.idempotency_key: job
+        for job in Job.objects.select_related("service", "route__backend").filter(
+            tenant=tenant, idempotency_key__in=probe
+        )
+    }
+    since = timezone.now() - IDEMPOTENCY_WINDOW
+    expired = [job.pk for job in found.values() if job.created_at < since]
+    if expired:
+        # Expired: the key is free again (it is unique per tenant, so the old jobs let go).
+        Job.objects.filter(pk__in=expired).update(idempotency_key="")
+        found = {k: job for k, job in found.items() if job.pk not in expired}
+    if not found:
+        return None
+    jobs = [found.get(k) for k in own]
+    same = len(found) == len(own) and all(
+        job is not None
+        and (job.service_id, job.is_bulk, job.input) == (service.pk, bulk, job_input)
+        for job, (service, job_input) in zip(jobs, sent, strict=True)
     )
-    if job is None:
-        return None
-    if job.created_at < timezone.now() - IDEMPOTENCY_WINDOW:
-        # Expired: the key is free again (it is unique per tenant, so the old job lets go).
-        Job.objects.filter(pk=job.pk).update(idempotency_key="")
-        return None
-    job.replayed = True
-    return job
+    if not same:
+        raise InputError(
+            "Idempotency-Key",
+            "was sent with a different request in the last 24 h; a new request needs a new key.",
+        )
+    for job in jobs:
+        job.replayed = True
+    return jobs  # type: ignore[return-value]
 
 
 def cancel_job(job: Job, *, actor: str = "") -> bool:

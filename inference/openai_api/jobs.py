@@ -18,6 +18,7 @@ from inference.openai_api.errors import (
 
 PRIORITY_HEADER = "X-Renq-Priority"
 DEADLINE_HEADER = "X-Renq-Deadline-Ms"
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 
 
 def authenticate(authorization: str) -> Tenant:
@@ -39,8 +40,10 @@ def submit(
     body: object,
     priority: str | None,
     deadline_ms: int | None = None,
+    idempotency_key: str = "",
 ) -> tuple[Job, JobRequest]:
-    """Authenticate, translate and submit: one trip to the database thread per request."""
+    """Authenticate, translate and submit: one trip to the database thread per request. With
+    an Idempotency-Key already sent with the same request, the job that request made."""
     tenant = authenticate(authorization)
     request = prepare(endpoint, body)
     if isinstance(body, dict) and body.get("stream") is True:
@@ -53,6 +56,7 @@ def submit(
             payload=request.payload,
             priority=priority,
             deadline_ms=deadline_ms,
+            idempotency_key=idempotency_key,
         )
     except InputError as exc:
         headers = {"priority": PRIORITY_HEADER, "deadline_ms": DEADLINE_HEADER}

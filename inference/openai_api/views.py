@@ -2,8 +2,10 @@
 
 A request is authenticated and submitted as one renq job (one trip to the database pool), then
 waits for the job's outcome on Redis pub/sub (inference.delivery.waiting) — no thread is held
-while it waits — for the service's total_timeout, or the client's `X-Renq-Deadline-Ms`. Past
-that the answer is 504 with the job's id, so the result can still be fetched from /api/v1/jobs/<id>.
+while it waits — for the service's total_timeout, or the client's `X-Renq-Deadline-Ms` when
+that is sooner. Past that the answer is 504 with the job's id, so the result can still be
+fetched from /api/v1/jobs/<id>. A retry sent with the first attempt's `Idempotency-Key` waits
+for (or answers with) the job that attempt made.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from inference.delivery.streaming import generated_text
 from inference.delivery.waiting import wait_for_final_job
+from inference.intake.submission import effective_deadline_s
 from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.models import Service, Tenant
 from inference.openai_api import endpoints, jobs
@@ -115,6 +118,10 @@ def requested_deadline_ms(request: HttpRequest) -> int | None:
         ) from None
 
 
+def idempotency_key(request: HttpRequest) -> str:
+    return request.headers.get(jobs.IDEMPOTENCY_KEY_HEADER, "")
+
+
 async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
     """Submit the request as a job, wait for it, answer as OpenAI would."""
     priority = requested_priority(request)
@@ -127,17 +134,24 @@ async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpRespo
             raise bad_request(f"{endpoint.path} does not stream.", "stream")
         return await stream_answer(request, endpoint, body, priority, deadline_ms)
     job, job_request = await in_db_thread(
-        jobs.submit, authorization(request), endpoint, body, priority, deadline_ms
+        jobs.submit,
+        authorization(request),
+        endpoint,
+        body,
+        priority,
+        deadline_ms,
+        idempotency_key(request),
     )
-    deadline_s = deadline_ms / 1000 if deadline_ms is not None else None
-    timeout_s = deadline_s if deadline_s is not None else job_request.service.total_timeout
+    timeout_s = effective_deadline_s(job_request.service, deadline_ms)
     final = await wait_for_final_job(
         job.pk,
         lambda: in_db_thread(jobs.read_final_job, job.pk),
         timeout_s=timeout_s + VERDICT_GRACE_S,
     )
     if final is None:
-        if deadline_s is not None:
+        if deadline_ms is not None and deadline_ms / 1000 <= timeout_s:
+            # The client's own deadline passed: a job nobody started would only waste a GPU.
+            # Past total_timeout alone the job runs on, its result kept for a later fetch.
             await in_db_thread(jobs.cancel_if_queued, job.pk)
         raise OpenAIError(
             504,
@@ -175,9 +189,15 @@ async def stream_answer(
         raise bad_request("stream_options must be an object.", "stream_options")
     include_usage = bool(options.get("include_usage"))
     job, job_request = await in_db_thread(
-        jobs.submit, authorization(request), endpoint, body, priority, deadline_ms
+        jobs.submit,
+        authorization(request),
+        endpoint,
+        body,
+        priority,
+        deadline_ms,
+        idempotency_key(request),
     )
-    timeout_s = deadline_ms / 1000 if deadline_ms is not None else job_request.service.total_timeout
+    timeout_s = effective_deadline_s(job_request.service, deadline_ms)
     chat = endpoint.path == endpoints.CHAT_COMPLETIONS
     stop = job_request.options.get("stop", [])
 
