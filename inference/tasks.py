@@ -17,7 +17,7 @@ import redis
 from celery import shared_task
 from celery.exceptions import Reject
 from celery.signals import task_prerun, worker_process_init, worker_process_shutdown
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, InterfaceError, close_old_connections
 
 from inference.config.tiers import tier_policies
 from inference.intake.bulk import fail_bulk, finish_bulk, retry_failed_piece
@@ -39,6 +39,7 @@ logger = logging.getLogger(__name__)
 # a pause, so the job runs once the dependency is back.
 INFRASTRUCTURE_ERRORS: tuple[type[BaseException], ...] = (
     DatabaseError,
+    InterfaceError,  # a connection the outage closed (not a DatabaseError)
     redis.ConnectionError,
     redis.TimeoutError,
     *BROKER_ERRORS,

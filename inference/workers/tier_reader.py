@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from amqp.exceptions import AMQPError
-from django.db import DatabaseError
+from django.db import Error as DjangoDatabaseError
 from kombu import Connection
 from kombu.exceptions import KombuError
 from kombu.message import Message
@@ -200,7 +200,7 @@ class ReaderPool:
             if not self._weights_stale:
                 return
             weights = self._weights() if self._readers else None
-        except DatabaseError:
+        except DjangoDatabaseError:  # InterfaceError too: a closed connection
             # The readers keep the weights they have until the database answers again.
             logger.warning("cannot re-read the tier weights", exc_info=True)
             return

@@ -100,21 +100,27 @@ class Intake:
         # a round trip). Realtime work arriving meanwhile is found before the batch starts
         # (DrainLoop.realtime_first).
         empty: set[Tier] = set(polls.quiet) if polls is not None else set()
-        while jobs < room:
-            tiers = [Tier.REALTIME] if realtime else self._line.tiers_ahead_of_waiting()
-            tiers = [tier for tier in tiers if tier not in empty]
-            pm = self.reader.get(tiers) if tiers else None
-            if pm is None:
-                if polls is not None:
-                    polls.last_empty = tiers
-                break
-            pulled.append(pm)
-            jobs += len(pm.job_ids)
-            if pm.tier == Tier.REALTIME and not realtime:
-                break
-            empty.update(tiers[: tiers.index(pm.tier)])
-            if pm.left_in_queue == 0:
-                empty.add(pm.tier)
+        try:
+            while jobs < room:
+                tiers = [Tier.REALTIME] if realtime else self._line.tiers_ahead_of_waiting()
+                tiers = [tier for tier in tiers if tier not in empty]
+                pm = self.reader.get(tiers) if tiers else None
+                if pm is None:
+                    if polls is not None:
+                        polls.last_empty = tiers
+                    break
+                pulled.append(pm)
+                jobs += len(pm.job_ids)
+                if pm.tier == Tier.REALTIME and not realtime:
+                    break
+                empty.update(tiers[: tiers.index(pm.tier)])
+                if pm.left_in_queue == 0:
+                    empty.add(pm.tier)
+        except BaseException:
+            # Pulled, not yet in the ledger: hand them back now, or they would stay unacked
+            # on this reader's live channel until the lost-message sweep.
+            self._ledger.requeue(pulled)
+            raise
         return pulled
 
     def claim(self, pulled: list[PulledMessage]) -> list[tuple[Held, Tier]]:
