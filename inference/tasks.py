@@ -20,6 +20,7 @@ from celery.signals import task_prerun, worker_process_init, worker_process_shut
 from django.db import DatabaseError, InterfaceError, close_old_connections
 
 from inference.config.tiers import tier_policies
+from inference.dispatch import fair_share
 from inference.intake.bulk import fail_bulk, finish_bulk, retry_failed_piece
 from inference.jobs.tiers import TIER_NAMES
 from inference.workers.cloud import run_cloud_attempt
@@ -70,6 +71,9 @@ def _requeue_after_outage(exc: BaseException) -> Reject:
 def run_job(self, job_id: str | list[str]) -> dict:
     info = self.request.delivery_info or {}
     tier = (info.get("routing_key") or "").rsplit(".", 1)[-1]
+    start_tag = getattr(self.request, fair_share.START_TAG_HEADER, None)
+    if start_tag is not None and info.get("routing_key"):
+        fair_share.advance({info["routing_key"]: float(start_tag)})
     try:
         report = _runner.run(
             message_job_ids(job_id),

@@ -23,8 +23,10 @@ from django.db import DatabaseError, transaction
 from django.utils import timezone
 from kombu import Connection
 
-from inference.dispatch import queues
-from inference.models import Job, JobStatus
+from inference.config.plans import plan_weight
+from inference.dispatch import fair_share, queues
+from inference.jobs.kinds import kind_of
+from inference.models import Job, JobStatus, Tenant
 from renq_site.celery import app
 from routing.backends import Placement
 
@@ -143,7 +145,9 @@ class _ConfirmChannel:
 _channels = ConfirmChannels(lambda: app.connection_for_write())
 
 
-def task_message(name: str, args: list, *, priority: int) -> amqp.Message:
+def task_message(
+    name: str, args: list, *, priority: int, extra_headers: dict | None = None
+) -> amqp.Message:
     """The message Celery's worker runs as `name(*args)` (task protocol 2, JSON, persistent),
     with the headers `app.amqp.as_task_v2` writes for a task that stores no result."""
     task_id = str(uuid.uuid4())  # Postgres, not the message id, makes runs unique
@@ -167,6 +171,7 @@ def task_message(name: str, args: list, *, priority: int) -> amqp.Message:
         "replaced_task_nesting": 0,
         "stamped_headers": None,
         "stamps": {},
+        **(extra_headers or {}),
     }
     body = json.dumps([args, {}, _NO_CANVAS])
     return amqp.Message(
@@ -184,17 +189,26 @@ def task_message(name: str, args: list, *, priority: int) -> amqp.Message:
 _NO_CANVAS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
-def publish_task(name: str, args: list, *, queue: str, priority: int = 0) -> None:
+def publish_task(
+    name: str, args: list, *, queue: str, priority: int = 0, extra_headers: dict | None = None
+) -> None:
     """One task message to `queue`, confirmed by RabbitMQ. Raises what the broker raises
     (the callers leave the job to the outbox)."""
-    _channels.publish(task_message(name, args, priority=priority), queue)
+    _channels.publish(
+        task_message(name, args, priority=priority, extra_headers=extra_headers), queue
+    )
 
 
-def _send(jobs: Sequence[Job]) -> bool:
+def _send(jobs: Sequence[Job], tag: fair_share.Tag | None) -> bool:
     target = destination(jobs[0])
     args = list(target.args) if len(jobs) == 1 else [[str(job.pk) for job in jobs]]
+    priority, headers = target.priority, None
+    if tag is not None:
+        priority, headers = tag.priority, {fair_share.START_TAG_HEADER: tag.start}
     try:
-        publish_task(target.task, args, queue=target.queue, priority=target.priority)
+        publish_task(
+            target.task, args, queue=target.queue, priority=priority, extra_headers=headers
+        )
     except Exception:  # noqa: BLE001 - any broker failure leaves the job for the sweeper
         logger.warning(
             "publishing %d job(s) (%s…) to %s failed; the sweeper will retry",
@@ -222,8 +236,9 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False) -> int:
     queue empty), aging moves them, or their deadline expires them: never silently lost."""
     jobs = list(jobs)
     sent: list = []
-    for group in _messages(jobs):
-        if not _send(group):
+    messages = _messages(jobs)
+    for group, tag in zip(messages, _fair_tags(messages), strict=True):
+        if not _send(group, tag):
             break
         sent.extend(job.pk for job in group)
     if counted_on:
@@ -256,13 +271,62 @@ def _messages(jobs: Sequence[Job]) -> list[list[Job]]:
         if target.task != RUN_JOB_TASK or job.parent_id is not None:
             messages.append([job])  # one per job: cloud calls, chord members
             continue
-        key = (target.queue, target.priority)
+        # One tenant's jobs to a message: the fair share charges a message to its tenant.
+        key = (target.queue, job.tenant_id)
         group = groups.setdefault(key, [])
         group.append(job)
         if len(group) == jobs_per_message(job.service.batch_size):
             messages.append(groups.pop(key))
     messages.extend(groups.values())
     return messages
+
+
+def _fair_tags(messages: list[list[Job]]) -> list[fair_share.Tag | None]:
+    """The fair share's tag of each message bound for a service's tier queue (None for the
+    others, and for all when Redis is away: they go at the plan's static priority)."""
+    tagged = [
+        i
+        for i, group in enumerate(messages)
+        if group[0].parent_id is None and destination(group[0]).task == RUN_JOB_TASK
+    ]
+    tags: list[fair_share.Tag | None] = [None] * len(messages)
+    if not tagged:
+        return tags
+    plans = _tenant_plans([messages[i][0] for i in tagged])
+    charges = []
+    for i in tagged:
+        group = messages[i]
+        first = group[0]
+        estimate = kind_of(first.service.kind).estimate_tokens
+        tokens = sum(estimate(job.input)[0] for job in group)
+        per_job = max(1.0, tokens / len(group))
+        charges.append(
+            fair_share.Charge(
+                queue=destination(first).queue,
+                tenant_id=first.tenant_id,
+                tokens=tokens,
+                weight=plan_weight(plans.get(first.tenant_id, "")),
+                # One batch's worth of this tenant's work: the service's batch of such jobs,
+                # or its token budget if that is less.
+                quantum=min(first.service.max_total_tokens, first.service.batch_size * per_job),
+            )
+        )
+    computed = fair_share.tag_messages(charges, top=queues.MAX_PRIORITY)
+    if computed is not None:
+        for i, tag in zip(tagged, computed, strict=True):
+            tags[i] = tag
+    return tags
+
+
+def _tenant_plans(jobs: Sequence[Job]) -> dict[int, str]:
+    """Tenant id → plan: from the jobs' loaded tenants, else one query for the rest."""
+    plans = {
+        job.tenant_id: job.tenant.plan for job in jobs if Job.tenant.is_cached(job)
+    }
+    missing = {job.tenant_id for job in jobs} - plans.keys()
+    if missing:
+        plans.update(Tenant.objects.filter(pk__in=missing).values_list("pk", "plan"))
+    return plans
 
 
 def publish(job: Job) -> bool:

@@ -1,14 +1,15 @@
 """Every RabbitMQ queue renq uses: its name, its arguments, and who consumes it.
 
     queue                                   consumer                    carries
-    <service>.realtime|api|batch|offline    the service's GPU workers   one message per local job
+    <service>.realtime|api|batch|offline    the service's GPU workers   local jobs, by tenant
     <service>.bulk                          the same GPU workers        bulk pieces (chord members)
     io.realtime|api|batch|offline           I/O workers (threads)       jobs routed to a cloud API
     renq.control                            the control worker (beat)   the sweep
     renq.dead                               nobody (operators)          dead letters
 
-Tiers are separate queues so a worker chooses which tier to serve next; the plan boost is the
-AMQP message priority inside a tier queue. Every queue is a durable classic queue (quorum
+Tiers are separate queues so a worker chooses which tier to serve next; inside a GPU tier
+queue the AMQP message priority is the tenant's fair-share band (inference.dispatch.fair_share),
+elsewhere the plan's static priority. Every queue is a durable classic queue (quorum
 queues have no priorities on RabbitMQ 3.x) declared with `x-max-priority = MAX_PRIORITY`;
 a redeclaration with other arguments would fail with 406 PRECONDITION_FAILED, so the Celery
 app takes the number from here. `RENQ_QUEUE_PREFIX` separates test and bench traffic from the
@@ -19,10 +20,12 @@ from __future__ import annotations
 
 from django.conf import settings
 
-from inference.jobs.tiers import PLAN_BOOST, TIER_NAMES, TIER_ORDER, Tier
+from inference.jobs.tiers import TIER_NAMES, TIER_ORDER, Tier
 
-# Plan boosts are the message priorities; kept small (each level is a sub-queue in RabbitMQ).
-MAX_PRIORITY = max(PLAN_BOOST.values())
+# Message priorities 0..MAX_PRIORITY: the fair share's bands, or the plan's static priority.
+# Kept small (each level is a sub-queue in RabbitMQ), and fixed: queues already declared with
+# another x-max-priority would refuse the redeclaration.
+MAX_PRIORITY = 3
 CONTROL_QUEUE = "renq.control"
 DEAD_LETTER_QUEUE = "renq.dead"
 IO_QUEUE_PREFIX = "io"

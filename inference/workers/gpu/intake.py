@@ -11,7 +11,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from inference.dispatch import fair_share
 from inference.dispatch.publishing import dead_letter
+from inference.dispatch.queues import tier_queue
 from inference.jobs.tiers import Tier
 from inference.jobs.transitions import Claim
 from inference.models import Job
@@ -121,7 +123,18 @@ class Intake:
             # on this reader's live channel until the lost-message sweep.
             self._ledger.requeue(pulled)
             raise
+        self._advance_fair_share(pulled)
         return pulled
+
+    def _advance_fair_share(self, pulled: list[PulledMessage]) -> None:
+        """The tier queues' fair-share clocks move up to the start tags just taken."""
+        taken: dict[str, float] = {}
+        for pm in pulled:
+            start = (pm.message.headers or {}).get(fair_share.START_TAG_HEADER)
+            if start is not None:
+                queue = tier_queue(self._service_name, pm.tier)
+                taken[queue] = max(float(start), taken.get(queue, 0.0))
+        fair_share.advance(taken)
 
     def claim(self, pulled: list[PulledMessage]) -> list[tuple[Held, Tier]]:
         """Claim the pulled messages' jobs in one go: the jobs to run, each with the tier of

@@ -1,0 +1,83 @@
+"""Fair queuing between the tenants of one tier: a tenant's flood does not hold another
+tenant's jobs behind it, plans weigh the share, and nobody starves. Jobs are queued while no
+worker serves the service, so the order RabbitMQ hands them out is exactly the scheduler's."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.dispatch import fair_share
+from inference.dispatch.queues import service_queues, tier_queue
+from inference.intake.submission import submit_job
+from renq_site.shared_redis import shared_redis
+from tests.conftest import WorkerProcess, purge_test_queues, wait_for_job
+
+TEN_TOKENS = "x" * 40
+
+
+def fresh_service(make_service, name: str):
+    """A one-job-per-pass no-op service with empty queues and a fresh fair-share clock."""
+    service = make_service("noop", name=name, batch_size=1, batch_timeout=0.001)
+    purge_test_queues(service_queues(name))
+    client = shared_redis()
+    for queue in service_queues(name):
+        for key in client.scan_iter(f"renq:fair:{queue}:*"):
+            client.delete(key)
+    return service
+
+
+def queue_jobs(tenant, service_name: str, n: int, tier: str = "batch") -> list:
+    return [
+        submit_job(
+            tenant=tenant, service_name=service_name, payload={"texts": [TEN_TOKENS]}, priority=tier
+        )
+        for _ in range(n)
+    ]
+
+
+def run_all(service_name: str, jobs: list) -> dict:
+    """Start a worker, wait for every job; job id → its start time."""
+    worker = WorkerProcess(services=(service_name,), name=service_name)
+    try:
+        return {job.pk: wait_for_job(job.pk, timeout_s=60).started_at for job in jobs}
+    finally:
+        worker.stop()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_a_quiet_tenant_is_not_held_behind_another_tenants_flood(make_tenant, make_service):
+    fresh_service(make_service, "fair-flood")
+    flooder, _ = make_tenant("flooder")
+    quiet, _ = make_tenant("quiet")
+    flood = queue_jobs(flooder, "fair-flood", 40)
+    trickle = queue_jobs(quiet, "fair-flood", 3)  # arrives after the whole flood
+    started = run_all("fair-flood", flood + trickle)
+    order = sorted(started, key=started.get)
+    positions = sorted(order.index(job.pk) for job in trickle)
+    # In arrival order they would be 41st to 43rd; the flood's later jobs sank below them.
+    assert positions[-1] < 10, positions
+    assert all(started[job.pk] for job in flood)  # work-conserving: the flood ran too
+    clock = float(shared_redis().get(f"renq:fair:{tier_queue('fair-flood', 'batch')}:v"))
+    assert clock > 0  # the worker moved the tier queue's virtual time as it took messages
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_plans_weigh_the_share_of_a_contended_tier(make_tenant, make_service):
+    # Each plan's tenant queues 8 jobs, free first and enterprise last; weights 2 : 1 : 0.5.
+    fresh_service(make_service, "fair-plans")
+    jobs = {}
+    for plan in ("free", "pro", "enterprise"):
+        tenant, _ = make_tenant(plan, plan=plan)
+        jobs[plan] = queue_jobs(tenant, "fair-plans", 8)
+    started = run_all("fair-plans", [job for plan_jobs in jobs.values() for job in plan_jobs])
+    first = sorted(started, key=started.get)[:12]
+    share = {plan: sum(job.pk in first for job in plan_jobs) for plan, plan_jobs in jobs.items()}
+    assert share["enterprise"] > share["pro"] > share["free"] > 0, share
+
+
+def test_a_message_s_band_halves_as_its_start_runs_further_ahead():
+    assert [fair_share.band(ahead, 10, 3) for ahead in (0, 9.9, 10, 19, 20, 39, 40, 1e9)] == [
+        3, 3, 2, 2, 1, 1, 0, 0,
+    ]  # fmt: skip
