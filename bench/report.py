@@ -198,6 +198,16 @@ def targets(r: dict) -> list[tuple[str, str, str, bool | None]]:
                     None,
                 )
             )
+    jain = r.get("tenants", {}).get("jain_index")
+    if jain is not None:
+        rows.append(
+            (
+                "Jain's index over backlogged tenants, plan-weighted (tenants scenario)",
+                f"{jain:.3f}",
+                "≥ 0.9",
+                jain >= 0.9,
+            )
+        )
     return rows
 
 
@@ -371,6 +381,8 @@ def write_report(r: dict, out: Path) -> None:
         lines += _pools_section(r["idle_pools"])
     if "priority" in r:
         lines += _priority_section(r["priority"])
+    if "tenants" in r:
+        lines += _tenants_section(r["tenants"])
     if "settings" in r:
         lines += _settings_section(r)
     if "padding" in r:
@@ -731,6 +743,87 @@ def _priority_section(pr: dict) -> list[str]:
                 f"{_f(c['a_wait_ms_p50_of_started'] / 1000, 2)} s |"
             )
     return lines
+
+
+def _tenant_rows(t: dict) -> list[tuple[str, dict]]:
+    """(tenant, its figures) from the scenario's `tenants` (or `per_tenant`): a mapping by
+    name, or a list of records naming themselves."""
+    per_tenant = t.get("tenants", t.get("per_tenant")) or {}
+    if isinstance(per_tenant, dict):
+        return [(str(name), fig) for name, fig in per_tenant.items() if isinstance(fig, dict)]
+    return [
+        (str(fig.get("tenant", fig.get("name", i + 1))), fig)
+        for i, fig in enumerate(per_tenant)
+        if isinstance(fig, dict)
+    ]
+
+
+def _ms(fig: dict, key: str) -> str:
+    value = fig.get(key)
+    return f"{_f(value, 0)} ms" if isinstance(value, int | float) else "–"
+
+
+def _tenants_section(t: dict) -> list[str]:
+    """The `tenants` scenario: Jain's index over the backlogged tenants, each tenant's and
+    each plan's wait. Every figure is optional: a missing one shows as –."""
+    lines = ["", "## Fairness between tenants (issue 27)", ""]
+    jain = t.get("jain_index")
+    if isinstance(jain, int | float):
+        lines += [
+            f"Jain's index over the backlogged tenants, each one's served work over its plan's "
+            f"weight: **{jain:.3f}** (1 = every tenant served in proportion to its weight, "
+            "1/n = one tenant served alone; target ≥ 0.9).",
+            "",
+        ]
+    rows = _tenant_rows(t)
+    if rows:
+        lines += ["| tenant | plan | jobs | wait p50 | wait p99 |", "|---|---|---:|---:|---:|"]
+        for name, fig in rows:
+            jobs = fig.get("jobs")
+            lines.append(
+                f"| {name} | {fig.get('plan', '–')} | "
+                f"{f'{jobs:,}' if isinstance(jobs, int) else '–'} | "
+                f"{_ms(fig, 'wait_p50_ms')} | {_ms(fig, 'wait_p99_ms')} |"
+            )
+    plans = t.get("plans")
+    if not isinstance(plans, dict):
+        # Percentiles do not add up across tenants: per plan, the jobs and the range of its
+        # tenants' figures.
+        plans = {}
+        for _, fig in rows:
+            plans.setdefault(fig.get("plan", "–"), []).append(fig)
+        plans = {
+            plan: {
+                "jobs": sum(f["jobs"] for f in figs if isinstance(f.get("jobs"), int)),
+                "wait_p50_ms": _range(figs, "wait_p50_ms"),
+                "wait_p99_ms": _range(figs, "wait_p99_ms"),
+            }
+            for plan, figs in plans.items()
+        }
+    if plans:
+        lines += ["", "| plan | jobs | wait p50 | wait p99 |", "|---|---:|---:|---:|"]
+        for plan, fig in plans.items():
+            if not isinstance(fig, dict):
+                continue
+            cells = [
+                fig[key] if isinstance(fig.get(key), str) else _ms(fig, key)
+                for key in ("wait_p50_ms", "wait_p99_ms")
+            ]
+            jobs = fig.get("jobs")
+            lines.append(
+                f"| {plan} | {f'{jobs:,}' if isinstance(jobs, int) else '–'} | "
+                f"{cells[0]} | {cells[1]} |"
+            )
+    return lines
+
+
+def _range(figs: list[dict], key: str) -> str:
+    """The lowest to highest of the tenants' `key`, as a table cell."""
+    values = [f[key] for f in figs if isinstance(f.get(key), int | float)]
+    if not values:
+        return "–"
+    low, high = min(values), max(values)
+    return f"{_f(low, 0)} ms" if low == high else f"{_f(low, 0)}–{_f(high, 0)} ms (tenants)"
 
 
 def _settings_section(r: dict) -> list[str]:

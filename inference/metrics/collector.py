@@ -1,5 +1,6 @@
 """Prometheus's scrape: every process's events (inference.metrics.events, multiprocess mode)
-and the state computed now (queue depth, running jobs, backend limits and breakers)."""
+and the state computed now (queue depth, running jobs, fairness between tenants, backend limits
+and breakers)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import logging
 import os
 
 from celery.signals import worker_ready
-from django.db.models import Count
+from django.db.models import Count, Sum, Value
+from django.db.models.functions import Coalesce, NullIf
 from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 from prometheus_client import (
@@ -23,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily
 from inference.jobs.status import JobStatus
 from inference.jobs.tiers import TIER_ORDER
 from inference.metrics.events import METRICS_DIR
+from inference.metrics.fairness import FAIRNESS_WINDOW, jain_index, weighted_shares
 from inference.models import Job, Service
 from renq_site.shared_redis import shared_redis
 from routing.breaker import CircuitBreaker
@@ -40,6 +44,7 @@ class StateCollector:
 
     def collect(self):
         yield from self._queues()
+        yield from self._fairness()
         yield from self._backends()
 
     @staticmethod
@@ -77,6 +82,69 @@ class StateCollector:
             logger.exception("metrics: could not count queued jobs")
         yield depth
         yield running
+
+    @staticmethod
+    def _fairness():
+        """Jain's index per service and tier over the tenants with queued work there now (see
+        inference.metrics.fairness): two GROUP BYs, the queued jobs' tenants, then what those
+        tenants had served within the window (only where two or more of them wait)."""
+        index = GaugeMetricFamily(
+            "renq_fairness_index",
+            "Jain's index of the weighted work served over the last minutes to the tenants "
+            "with queued jobs, per service and tier (1 = fair; 1 with fewer than 2 such tenants).",
+            labels=["service", "tier"],
+        )
+        backlogged = GaugeMetricFamily(
+            "renq_backlogged_tenants",
+            "Tenants with queued jobs, per service and tier.",
+            labels=["service", "tier"],
+        )
+        try:
+            # The tier queue a job waits (or waited) in: its own, or the one aging moved it to.
+            waiting_in = Coalesce(NullIf("serving_tier", Value("")), "tier")
+            plans: dict[tuple[str, str], dict[int, str]] = {}
+            for service, tier, tenant, plan in (
+                Job.objects.filter(status=JobStatus.QUEUED, is_bulk=False)
+                .annotate(waiting_tier=waiting_in)
+                .values_list("service__name", "waiting_tier", "tenant_id", "tenant__plan")
+                .distinct()
+                .order_by()
+            ):
+                plans.setdefault((service, tier), {})[tenant] = plan
+            tokens: dict[tuple[str, str], dict[int, int]] = {}
+            jobs: dict[tuple[str, str], dict[int, int]] = {}
+            contended = [key for key, tenants in plans.items() if len(tenants) > 1]
+            if contended:
+                for service, tier, tenant, n_tokens, n_jobs in (
+                    Job.objects.filter(
+                        status=JobStatus.SUCCEEDED,
+                        is_bulk=False,
+                        finished_at__gte=timezone.now() - FAIRNESS_WINDOW,
+                        service__name__in={service for service, _ in contended},
+                        tenant_id__in={t for key in contended for t in plans[key]},
+                    )
+                    .annotate(waiting_tier=waiting_in)
+                    .values_list("service__name", "waiting_tier", "tenant_id")
+                    .annotate(tokens=Sum("input_tokens"), jobs=Count("pk"))
+                    .order_by()
+                ):
+                    tokens.setdefault((service, tier), {})[tenant] = n_tokens or 0
+                    jobs.setdefault((service, tier), {})[tenant] = n_jobs
+            for service in Service.objects.filter(active=True).values_list("name", flat=True):
+                for tier in TIER_ORDER:
+                    key = (service, tier.value)
+                    tenants = plans.get(key, {})
+                    backlogged.add_metric(list(key), len(tenants))
+                    # Work in tokens where the service counts them, else in jobs.
+                    served = tokens.get(key, {})
+                    if not any(served.values()):
+                        served = jobs.get(key, {})
+                    fair = jain_index(weighted_shares(served, tenants)) if len(tenants) > 1 else 1.0
+                    index.add_metric(list(key), fair)
+        except Exception:
+            logger.exception("metrics: could not compute the fairness index")
+        yield index
+        yield backlogged
 
     @staticmethod
     def _backends():

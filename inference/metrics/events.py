@@ -11,6 +11,11 @@ sums them.
     renq_jobs_finished_total{service,tier,status,reason}
     renq_backend_attempts_total{backend,outcome}, renq_backend_cost_usd_total{backend}
     renq_tenant_cost_usd_total{tenant,backend}      only with RENQ_METRICS_TENANT_LABELS=true
+    renq_tenant_class_queue_time_seconds{service,tier,plan}   queue time per tenant plan
+    renq_tenant_class_served_tokens_total{service,tier,plan}  input tokens of succeeded jobs
+    renq_tenant_class_served_jobs_total{service,tier,plan}    succeeded jobs
+    renq_tenant_queue_time_seconds{service,tier,tenant}, renq_tenant_served_tokens_total{...}
+                                                    per tenant, RENQ_METRICS_TENANT_LABELS=true
 
 This module imports no models: the state machine's signals reach it through
 inference.metrics.receivers. Every recording function catches and logs its own errors: a
@@ -22,7 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -110,6 +115,36 @@ TENANT_COST = Counter(
     ["tenant", "backend"],
 )
 
+# Per tenant class (plan): bounded labels, always on. What fairness between tenants looks like
+# from outside; the index itself is computed at scrape time (inference.metrics.collector).
+TENANT_CLASS_QUEUE_TIME = Histogram(
+    "renq_tenant_class_queue_time_seconds",
+    "Time jobs waited from submission until their forward pass started, per tenant plan.",
+    ["service", "tier", "plan"],
+    buckets=LATENCY_BUCKETS_S,
+)
+TENANT_CLASS_SERVED_TOKENS = Counter(
+    "renq_tenant_class_served_tokens",
+    "Input tokens of jobs stored as succeeded, per tenant plan.",
+    ["service", "tier", "plan"],
+)
+TENANT_CLASS_SERVED_JOBS = Counter(
+    "renq_tenant_class_served_jobs",
+    "Jobs stored as succeeded, per tenant plan.",
+    ["service", "tier", "plan"],
+)
+TENANT_QUEUE_TIME = Histogram(
+    "renq_tenant_queue_time_seconds",
+    "Time jobs waited until their forward pass, per tenant (RENQ_METRICS_TENANT_LABELS=true).",
+    ["service", "tier", "tenant"],
+    buckets=LATENCY_BUCKETS_S,
+)
+TENANT_SERVED_TOKENS = Counter(
+    "renq_tenant_served_tokens",
+    "Input tokens of jobs stored as succeeded, per tenant (RENQ_METRICS_TENANT_LABELS=true).",
+    ["service", "tier", "tenant"],
+)
+
 
 def _seconds(start, end) -> float | None:
     if start is None or end is None:
@@ -131,22 +166,45 @@ def observe_batch(service: Service, outcomes: Sequence[Outcome]) -> None:
         logger.exception("metrics: could not record a batch")
 
 
-def record_outcomes(outcomes: Iterable[Outcome]) -> None:
-    """Jobs stored as succeeded or failed. Each label set is looked up once per batch, not per
-    job: the lookup costs more than the observation."""
+def record_outcomes(
+    outcomes: Iterable[Outcome], tenants: Mapping[int, tuple[str, str]] | None = None
+) -> None:
+    """Jobs stored as succeeded or failed; `tenants` (tenant id → (plan, name)) adds the per
+    plan (and, opted in, per tenant) series. Each label set is looked up once per batch, not
+    per job: the lookup costs more than the observation."""
     try:
         now = timezone.now()
         finished: dict[tuple[str, str, bool], int] = defaultdict(int)
         waits: dict[tuple[str, str], list[float]] = defaultdict(list)
         latencies: dict[tuple[str, str], list[float]] = defaultdict(list)
+        # Keyed (service, tier, plan or tenant name).
+        class_waits: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+        class_served: dict[tuple[str, str, str], list[int]] = defaultdict(lambda: [0, 0])
+        tenant_waits: dict[tuple[str, str, str], list[float]] = defaultdict(list)
+        tenant_tokens: dict[tuple[str, str, str], int] = defaultdict(int)
         for outcome in outcomes:
             job = outcome.job
             key = (job.service.name, job.tier)
-            finished[(*key, outcome.result is not None)] += 1
+            ok = outcome.result is not None
+            finished[(*key, ok)] += 1
             waited = _seconds(job.created_at, outcome.started_at)
             if waited is not None:
                 waits[key].append(waited)
             latencies[key].append(_seconds(job.created_at, now) or 0.0)
+            tenant = tenants.get(job.tenant_id) if tenants else None
+            if tenant is None:
+                continue
+            plan, name = tenant
+            if waited is not None:
+                class_waits[(*key, plan)].append(waited)
+                if TENANT_LABELS:
+                    tenant_waits[(*key, name)].append(waited)
+            if ok:
+                served = class_served[(*key, plan)]
+                served[0] += outcome.tokens or 0
+                served[1] += 1
+                if TENANT_LABELS:
+                    tenant_tokens[(*key, name)] += outcome.tokens or 0
         for (service, tier, ok), count in finished.items():
             JOBS_FINISHED.labels(
                 service, tier, "succeeded" if ok else "failed", "ok" if ok else "error"
@@ -155,6 +213,15 @@ def record_outcomes(outcomes: Iterable[Outcome]) -> None:
             _observe_all(QUEUE_TIME.labels(*key), seconds)
         for key, seconds in latencies.items():
             _observe_all(E2E_LATENCY.labels(*key), seconds)
+        for key, seconds in class_waits.items():
+            _observe_all(TENANT_CLASS_QUEUE_TIME.labels(*key), seconds)
+        for key, (tokens, jobs) in class_served.items():
+            TENANT_CLASS_SERVED_TOKENS.labels(*key).inc(tokens)
+            TENANT_CLASS_SERVED_JOBS.labels(*key).inc(jobs)
+        for key, seconds in tenant_waits.items():
+            _observe_all(TENANT_QUEUE_TIME.labels(*key), seconds)
+        for key, tokens in tenant_tokens.items():
+            TENANT_SERVED_TOKENS.labels(*key).inc(tokens)
     except Exception:
         logger.exception("metrics: could not record outcomes")
 

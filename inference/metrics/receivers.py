@@ -9,14 +9,38 @@ from django.db.models import Count
 
 from inference.jobs import signals
 from inference.metrics import events
-from inference.models import Job
+from inference.models import Job, Tenant
 from routing.attempts import attempts_recorded
 
 logger = logging.getLogger(__name__)
 
 
 def on_outcomes_stored(sender, *, outcomes, **_kwargs) -> None:
-    events.record_outcomes(outcomes)
+    events.record_outcomes(outcomes, _plans_and_names(outcomes))
+
+
+def _plans_and_names(outcomes) -> dict[int, tuple[str, str]] | None:
+    """Tenant id → (plan, name) for the outcomes' jobs: from the tenants the claim attached,
+    else one query for the whole batch (never one per job)."""
+    try:
+        tenants: dict[int, tuple[str, str]] = {}
+        missing = set()
+        for outcome in outcomes:
+            job = outcome.job
+            if Job.tenant.is_cached(job):
+                tenants[job.tenant_id] = (job.tenant.plan, job.tenant.name)
+            else:
+                missing.add(job.tenant_id)
+        missing -= tenants.keys()
+        if missing:
+            for pk, plan, name in Tenant.objects.filter(pk__in=missing).values_list(
+                "pk", "plan", "name"
+            ):
+                tenants[pk] = (plan, name)
+        return tenants
+    except Exception:
+        logger.exception("metrics: could not look up the tenants of stored outcomes")
+        return None
 
 
 def on_jobs_ended(sender, *, jobs, status: str, reason: str, **_kwargs) -> None:

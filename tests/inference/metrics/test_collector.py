@@ -140,5 +140,6 @@ def test_the_grafana_dashboard_charts_only_metrics_renq_exports():
         metric._name for metric in vars(events).values()
         if hasattr(metric, "_name") and hasattr(metric, "labels")
     } | {"renq_queue_depth", "renq_jobs_running", "renq_backend_rate_limit_headroom",
-         "renq_backend_cooldown", "renq_backend_breaker_state"}  # fmt: skip
+         "renq_backend_cooldown", "renq_backend_breaker_state", "renq_fairness_index",
+         "renq_backlogged_tenants"}  # fmt: skip
     assert used and used <= exported, used - exported
