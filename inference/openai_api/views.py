@@ -26,10 +26,10 @@ from inference.delivery.streaming import generated_text
 from inference.delivery.waiting import wait_for_final_job
 from inference.intake.submission import effective_deadline_s
 from inference.jobs.tiers import TIER_NAMES, Tier
-from inference.models import Service, Tenant
+from inference.models import Job, Service, Tenant
 from inference.openai_api import endpoints, jobs
 from inference.openai_api.db import in_db_thread
-from inference.openai_api.endpoints import ENDPOINTS, Endpoint
+from inference.openai_api.endpoints import ENDPOINTS, Endpoint, JobRequest
 from inference.openai_api.errors import OpenAIError, bad_request, model_not_found
 
 logger = logging.getLogger(__name__)
@@ -122,6 +122,23 @@ def idempotency_key(request: HttpRequest) -> str:
     return request.headers.get(jobs.IDEMPOTENCY_KEY_HEADER, "")
 
 
+async def submitted(
+    request: HttpRequest, endpoint: Endpoint, body, priority: str, deadline_ms: int | None
+) -> tuple[Job, JobRequest, float]:
+    """The request's job, submitted (or found again by its Idempotency-Key), its request, and
+    how long the request may wait for it: the client's deadline, never past the service's."""
+    job, job_request = await in_db_thread(
+        jobs.submit,
+        authorization(request),
+        endpoint,
+        body,
+        priority,
+        deadline_ms,
+        idempotency_key(request),
+    )
+    return job, job_request, effective_deadline_s(job_request.service, deadline_ms)
+
+
 async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
     """Submit the request as a job, wait for it, answer as OpenAI would."""
     priority = requested_priority(request)
@@ -133,16 +150,7 @@ async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpRespo
         if endpoint.kind != "llm":
             raise bad_request(f"{endpoint.path} does not stream.", "stream")
         return await stream_answer(request, endpoint, body, priority, deadline_ms)
-    job, job_request = await in_db_thread(
-        jobs.submit,
-        authorization(request),
-        endpoint,
-        body,
-        priority,
-        deadline_ms,
-        idempotency_key(request),
-    )
-    timeout_s = effective_deadline_s(job_request.service, deadline_ms)
+    job, job_request, timeout_s = await submitted(request, endpoint, body, priority, deadline_ms)
     final = await wait_for_final_job(
         job.pk,
         lambda: in_db_thread(jobs.read_final_job, job.pk),
@@ -188,16 +196,7 @@ async def stream_answer(
     if not isinstance(options, dict):
         raise bad_request("stream_options must be an object.", "stream_options")
     include_usage = bool(options.get("include_usage"))
-    job, job_request = await in_db_thread(
-        jobs.submit,
-        authorization(request),
-        endpoint,
-        body,
-        priority,
-        deadline_ms,
-        idempotency_key(request),
-    )
-    timeout_s = effective_deadline_s(job_request.service, deadline_ms)
+    job, job_request, timeout_s = await submitted(request, endpoint, body, priority, deadline_ms)
     chat = endpoint.path == endpoints.CHAT_COMPLETIONS
     stop = job_request.options.get("stop", [])
 
