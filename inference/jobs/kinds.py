@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from inference.jobs.inputs import (
     DEFAULT_MAX_TOKENS,
@@ -24,9 +24,11 @@ from inference.jobs.inputs import (
 )
 from inference.jobs.vectors import EmbeddingMatrix
 
-if TYPE_CHECKING:
-    from inference.engines.base import Engine
-    from inference.models import Service
+
+class ServiceSettings(Protocol):
+    """What a kind reads of its service (an inference.models.Service row)."""
+
+    normalize_embeddings: bool
 
 # Rough tokens per character for estimates before a tokenizer has seen the input (rate
 # limits, costs, context-length checks).
@@ -49,11 +51,12 @@ class ServiceKindSpec:
     # One job per bulk item instead of one full batch per piece (a job is one prompt).
     one_item_per_piece: bool = False
 
-    def engine_class(self) -> type[Engine]:
+    def engine_class(self) -> type:
+        """The kind's engine class (an inference.engines Engine), imported on first use."""
         module_name, _, class_name = self.engine_path.rpartition(".")
         return getattr(importlib.import_module(module_name), class_name)
 
-    def engine_payload(self, service: Service, payload: dict) -> dict:
+    def engine_payload(self, service: ServiceSettings, payload: dict) -> dict:
         """The job's input plus the service-level defaults the engine needs."""
         if self.name == "embedding" and "normalize" not in payload:
             return {**payload, "normalize": service.normalize_embeddings}

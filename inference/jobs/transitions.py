@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.conf import settings
 from django.db import connection, models, transaction
@@ -36,12 +36,13 @@ from psycopg2.extras import execute_values
 
 from inference.jobs import signals
 from inference.jobs.status import JobStatus
-from inference.jobs.tiers import Tier
+from inference.jobs.tiers import promises_latency
 from inference.jobs.vectors import split_result
 from routing.models import JobRoute
 
-if TYPE_CHECKING:
-    from inference.models import Job
+# A job row (inference.models.Job): the machine works on whatever model its query set is for,
+# so it imports no model of its own.
+JobRow = models.Model
 
 
 # (from, to) → the method that makes the move. The table is the contract; tests check that
@@ -134,8 +135,8 @@ class Claim:
     """Jobs one worker now holds under `token`, and those found past their deadline."""
 
     token: uuid.UUID
-    jobs: list[Job] = field(default_factory=list)
-    expired: list[Job] = field(default_factory=list)
+    jobs: list[JobRow] = field(default_factory=list)
+    expired: list[JobRow] = field(default_factory=list)
     # Redelivered too often (their workers kept dying): failed and dead-lettered.
     dead_lettered: list[uuid.UUID] = field(default_factory=list)
     # Job id → the backend its route chose, for the routed ones among `jobs`.
@@ -144,7 +145,7 @@ class Claim:
 
 @dataclass
 class Outcome:
-    job: Job
+    job: JobRow
     result: dict | None = None
     error: str = ""
     started_at: datetime | None = None
@@ -155,12 +156,12 @@ class Outcome:
     dead_letter: bool = False
 
 
-def missed_deadline(job: Job, now: datetime) -> bool:
+def missed_deadline(job: JobRow, now: datetime) -> bool:
     """Interactive jobs promise latency; batch and offline work waits as long as it takes,
     unless the request named its own deadline (deadline_ms)."""
     if job.deadline_at is not None and now > job.deadline_at:
         return True
-    if not Tier(job.tier).is_interactive:
+    if not promises_latency(job.tier, job.requested_tier):
         return False
     waited_s = (now - job.created_at).total_seconds()
     service = job.service
@@ -205,7 +206,7 @@ def _claim_layout(model) -> tuple[str, list[tuple]]:
     return sql, layout
 
 
-def _claimed_jobs(model, rows: list[tuple], db: str) -> list[tuple[Job, int | None]]:
+def _claimed_jobs(model, rows: list[tuple], db: str) -> list[tuple[JobRow, int | None]]:
     """(job, its route's backend id) pairs, the job's service and tenant attached as
     select_related would build them."""
     job_layout, service_layout, tenant_layout = _claim_layout(model)[1]
