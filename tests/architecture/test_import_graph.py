@@ -1,6 +1,6 @@
 """No import circles anywhere in the project's own packages, counting imports inside
-functions too (a lazy import hides a circle from import-linter's layers; it does not remove
-it). Imports under `if TYPE_CHECKING:` are type hints only and are left out."""
+functions (a lazy import hides a circle from import-linter's layers; it does not remove it)
+and under `if TYPE_CHECKING:` (a reader follows a type hint's import as any other)."""
 
 from __future__ import annotations
 
@@ -27,25 +27,13 @@ def _project_modules() -> dict[str, Path]:
     return modules
 
 
-def _type_checking_blocks(tree: ast.AST) -> set[int]:
-    hidden = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            for child in node.body:
-                hidden.update(id(n) for n in ast.walk(child))
-    return hidden
-
-
 def import_graph() -> dict[str, set[str]]:
     modules = _project_modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         tree = ast.parse(path.read_text())
-        hidden = _type_checking_blocks(tree)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(tree):
-            if id(node) in hidden:
-                continue
             targets = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
