@@ -77,6 +77,8 @@ demo: setup
 # BENCH_ARGS, e.g. "--quick --only noop,priority --results-dir /tmp/bench" (bench/run_all.py).
 bench: setup
 	$(PY) bench/run_all.py $(BENCH_ARGS)
+	# A queued job's predicted start vs its real start (issue 27's position/ETA figures).
+	RENQ_MEASURE=1 $(PY) -m pytest tests/inference/dispatch/test_wait_prediction.py -q -s -p no:cacheprovider
 
 lint: venv
 	$(PY) -m ruff check .

@@ -203,7 +203,25 @@ class Job(models.Model):
     service = models.ForeignKey(
         Service, on_delete=models.PROTECT, related_name="jobs", db_index=False
     )
-    tier = models.CharField(max_length=16, choices=Tier.choices)
+    tier = models.CharField(
+        max_length=16,
+        choices=Tier.choices,
+        help_text="The tier it is served in: the requested one after the plan's entitlements.",
+    )
+    requested_tier = models.CharField(
+        max_length=16,
+        choices=Tier.choices,
+        blank=True,
+        default="",
+        help_text="The tier the request asked for (empty: the same as tier).",
+    )
+    tier_reason = models.CharField(
+        max_length=200,
+        blank=True,
+        default="",
+        help_text="Why tier differs from the requested tier (the plan's tier boost, its "
+        "realtime cap).",
+    )
     message_priority = models.PositiveSmallIntegerField(
         default=0, help_text="AMQP priority inside the tier queue (the plan boost)."
     )

@@ -3,6 +3,7 @@ from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 
+from inference.admin import queues_view, service_queue_view
 from inference.batch_api import urls as batch_api_urls
 from inference.metrics.collector import metrics_view
 from inference.openai_api import urls as openai_api_urls
@@ -14,6 +15,13 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     # Prometheus scrapes this (no auth, like the probes: keep it off the public listener).
     path("metrics", metrics_view, name="metrics"),
+    # The queue pages: staff only (admin_view), ahead of the admin's own catch-all.
+    path("admin/queues/", admin.site.admin_view(queues_view), name="admin-queues"),
+    path(
+        "admin/queues/<slug:service>/",
+        admin.site.admin_view(service_queue_view),
+        name="admin-service-queue",
+    ),
     path("admin/", admin.site.urls),
     path("api/v1/", include("inference.api.urls")),
     # The OpenAI-compatible front door (async views; renq_site.asgi serves them thread-free)

@@ -3,6 +3,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from inference.dispatch.queue_position import explain_wait
 from inference.intake.bulk import BULK_TIERS, bulk_progress
 from inference.intake.submission import MAX_DEADLINE_MS
 from inference.jobs.tiers import Tier
@@ -80,12 +81,48 @@ class BackendAttemptSerializer(serializers.Serializer):
     cost_usd = serializers.DecimalField(source="cost", max_digits=14, decimal_places=8)
 
 
+class RequestedPriorityField(serializers.CharField):
+    """The tier the request asked for; a job stored before requests kept it: its tier."""
+
+    def __init__(self, **kwargs):
+        super().__init__(source="*", read_only=True, **kwargs)
+
+    def to_representation(self, job: Job) -> str:
+        return str(job.requested_tier or job.tier)
+
+
+@extend_schema_field(
+    {
+        "type": "object",
+        "nullable": True,
+        "description": "While the job is queued: why it waits and when it should run "
+        "(inference.dispatch.queue_position.explain_wait): `position` (jobs the workers serve "
+        "first), `work_ahead_tokens`, `running`, `throughput_jobs_s`, `predicted_start` and "
+        "`predicted_finish` (ISO 8601), `reason` and every `reasons` (tier_share, "
+        "tenant_fair_share, tenant_quota, backend_cooldown, queue_full, next_in_line). "
+        "Null once it runs.",
+        "additionalProperties": True,
+    }
+)
+class JobWaitField(serializers.Field):
+    def __init__(self, **kwargs):
+        super().__init__(source="*", read_only=True, **kwargs)
+
+    def to_representation(self, job: Job) -> dict | None:
+        return explain_wait(job)
+
+
 class JobSerializer(serializers.ModelSerializer):
     service = serializers.CharField(source="service.name")
+    # The tier it is served in: the requested one after the tenant's plan (its tier boost,
+    # its realtime cap); priority_reason says why they differ.
     priority = serializers.CharField(source="tier")
+    requested_priority = RequestedPriorityField()
+    priority_reason = serializers.CharField(source="tier_reason", read_only=True)
     queue_wait_ms = serializers.FloatField(read_only=True, allow_null=True)
     total_ms = serializers.FloatField(read_only=True, allow_null=True)
     progress = serializers.SerializerMethodField()
+    wait = JobWaitField()
     result = JobResultField()
     # Routed jobs (routing/): the backend running it and why; null for unrouted services.
     backend = serializers.CharField(
@@ -104,7 +141,10 @@ class JobSerializer(serializers.ModelSerializer):
             "id",
             "service",
             "priority",
+            "requested_priority",
+            "priority_reason",
             "status",
+            "wait",
             "input",
             "result",
             "error",
@@ -155,6 +195,8 @@ class JobAcceptedSerializer(JobSerializer):
             "id",
             "service",
             "priority",
+            "requested_priority",
+            "priority_reason",
             "status",
             "created_at",
             "result",
@@ -177,6 +219,8 @@ def accepted_job_body(job: Job, encoding_format: str = "float") -> dict:
         "id": str(job.pk),
         "service": job.service.name,
         "priority": str(job.tier),
+        "requested_priority": str(job.requested_tier or job.tier),
+        "priority_reason": job.tier_reason,
         "status": str(job.status),
         "created_at": _CREATED_AT.to_representation(job.created_at),
         "result": job.result_body(encoding_format),
@@ -191,7 +235,10 @@ class JobSummarySerializer(JobSerializer):
 
     class Meta(JobSerializer.Meta):
         fields = [
-            f for f in JobSerializer.Meta.fields if f not in {"input", "result", "backend_attempts"}
+            f
+            for f in JobSerializer.Meta.fields
+            # `wait` costs a few queries a job: the job's own page shows it.
+            if f not in {"input", "result", "backend_attempts", "wait"}
         ]
 
 

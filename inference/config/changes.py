@@ -1,5 +1,5 @@
 """The configuration change marker: how a running worker learns, cheaply, that services,
-models, backends, routes or tier policies changed, and reloads them without a restart.
+models, backends, routes, tier or plan policies changed, and reloads them without a restart.
 
     watcher = ConfigWatcher()            # once per process
     ...
@@ -26,7 +26,13 @@ from django.db import connection
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import Signal
 
-from inference.config.models import ConfigChange, ModelSpec, SchedulerSettings, ServiceModelLink
+from inference.config.models import (
+    ConfigChange,
+    ModelSpec,
+    PlanPolicy,
+    SchedulerSettings,
+    ServiceModelLink,
+)
 from inference.models import ApiKey, Service, Tenant, rows_updated
 from routing.models import Backend, Route, RouteEntry
 
@@ -136,6 +142,7 @@ def connect_signals() -> None:
         ModelSpec,
         ServiceModelLink,
         SchedulerSettings,
+        PlanPolicy,
         Backend,
         Route,
         RouteEntry,

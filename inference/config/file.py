@@ -12,6 +12,8 @@
       embedding: {entries: [{backend: local-embedding, order: 0}, ...]}
     tiers:                        # aging, weight, target wait (inference.config.tiers)
       batch: {aging_after_s: 5, weight: 2, target_wait_s: 900}
+    plans:                        # tier boost, fair-share weight, realtime cap (config.plans)
+      free: {tier_boost: 1, weight: 0.5, realtime_cap: null}
 
 Strings may use ${VAR} and ${VAR:-default}. Loading creates or updates what the file names, in
 one transaction, and leaves anything it does not name alone (delete in the admin); a key left
@@ -37,20 +39,23 @@ from django.db import models, transaction
 from inference.config.changes import one_config_change
 from inference.config.models import (
     DEVICE_VALIDATOR,
+    PLAN_POLICY_KEYS,
     TIER_POLICY_KEYS,
     Dtype,
     ModelSpec,
+    PlanPolicy,
     SchedulerSettings,
     ServiceModelLink,
+    default_plan_policies,
     default_tier_policies,
 )
-from inference.jobs.tiers import TIER_ORDER
+from inference.jobs.tiers import TIER_ORDER, Plan
 from inference.models import Service, ServiceKind
 from routing.config import BACKEND_FIELDS, SECRET_FIELDS, ConfigError, expand_env
 from routing.config import load_routing_config as apply_routing_config
 from routing.models import Backend, Route
 
-SECTIONS = ("models", "services", "backends", "routes", "tiers")
+SECTIONS = ("models", "services", "backends", "routes", "tiers", "plans")
 MODEL_KEYS = ("type", "path", "package", "device", "dtype")
 SERVICE_KEYS = ("model", "active", "runtime")
 ROUTE_KEYS = ("enabled", "entries")
@@ -418,6 +423,36 @@ class _Validator:
                     self.add(f"{path}.{key}", f"expected a number {bound}, got {value!r}")
 
 
+    def check_plans(self, section: dict) -> None:
+        plans = list(Plan.values)
+        self.keys("plans", section, plans)
+        for plan, spec in section.items():
+            path = f"plans.{plan}"
+            if plan not in plans or not self.mapping(path, spec):
+                continue
+            self.keys(path, spec, PLAN_POLICY_KEYS)
+            for key in ("tier_boost", "realtime_cap"):
+                value = spec.get(key, 0)
+                if value is None and key == "realtime_cap":
+                    continue
+                if isinstance(value, bool) or not isinstance(value, int):
+                    self.add(f"{path}.{key}", f"expected an integer, got {value!r}")
+            weight = spec.get("weight", 1)
+            if isinstance(weight, bool) or not isinstance(weight, int | float):
+                self.add(f"{path}.weight", f"expected a number, got {weight!r}")
+            if any(p.path.startswith(f"{path}.") or p.path == path for p in self._problems):
+                continue
+            # The ranges are the model's, so the file and the admin refuse the same values.
+            values = {**default_plan_policies()[plan], **spec}
+            self.clean(path, PlanPolicy(plan=plan, **values), {"plan": path})
+
+
+def tier_policy_problems(tiers: Any) -> list[Problem]:
+    """The checks of config.yaml's `tiers:` on that section as data, for the admin's form: one
+    definition, so the admin refuses what the file refuses. Paths are `tiers.<tier>.<key>`."""
+    return _Validator(ConfigDocument({"tiers": tiers})).problems()
+
+
 # --- applying ------------------------------------------------------------------------------
 
 
@@ -498,6 +533,14 @@ def _apply_tiers(section: dict) -> int:
     return len(section)
 
 
+def _apply_plans(section: dict) -> int:
+    defaults = default_plan_policies()
+    for plan, spec in section.items():
+        # A key left out takes its default, as elsewhere in the file.
+        PlanPolicy.objects.update_or_create(plan=plan, defaults={**defaults[plan], **spec})
+    return len(section)
+
+
 @transaction.atomic
 def apply_config(doc: ConfigDocument, sections: Iterable[str] = SECTIONS) -> dict[str, int]:
     """Apply a validated document (all of it, or only `sections`). One transaction, one
@@ -522,6 +565,8 @@ def apply_config(doc: ConfigDocument, sections: Iterable[str] = SECTIONS) -> dic
             counts.update(routed)
         if "tiers" in wanted:
             counts["tiers"] = _apply_tiers(data.get("tiers") or {})
+        if "plans" in wanted:
+            counts["plans"] = _apply_plans(data.get("plans") or {})
     return counts
 
 
@@ -595,7 +640,16 @@ def dump_config() -> dict[str, Any]:
         "backends": backends_out,
         "routes": routes_out,
         "tiers": tiers,
+        "plans": _dump_plans(),
     }
+
+
+def _dump_plans() -> dict[str, dict]:
+    plans = default_plan_policies()
+    for row in PlanPolicy.objects.values("plan", *PLAN_POLICY_KEYS):
+        if row["plan"] in plans:
+            plans[row.pop("plan")] = row
+    return plans
 
 
 def dump_config_yaml() -> str:

@@ -1,14 +1,16 @@
-"""The `models:` layer of config.yaml, the scheduler's tier policies, and the change marker."""
+"""The `models:` layer of config.yaml, the scheduler's tier and plan policies, and the change
+marker."""
 
 from __future__ import annotations
 
 import logging
 from typing import NamedTuple
 
-from django.core.validators import RegexValidator
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
-from inference.jobs.tiers import AGING_INTERVAL_S, TIER_ORDER
+from inference.jobs.tiers import AGING_INTERVAL_S, DEFAULT_TIER_BOOST, TIER_ORDER, Plan
 from inference.models import Service, ServiceKind
 
 logger = logging.getLogger(__name__)
@@ -170,6 +172,61 @@ class SchedulerSettings(models.Model):
     def load(cls) -> SchedulerSettings:
         settings, _ = cls.objects.get_or_create(pk=cls.SINGLETON_PK)
         return settings
+
+
+# Defaults of the plan policies; config.yaml's `plans:` overrides them. A tenant's share of a
+# contended tier is proportional to its plan's weight.
+DEFAULT_PLAN_WEIGHTS: dict[str, float] = {Plan.ENTERPRISE: 2.0, Plan.PRO: 1.0, Plan.FREE: 0.5}
+PLAN_POLICY_KEYS = ("tier_boost", "weight", "realtime_cap")
+# A boost beyond this moves every request to one end (realtime or offline).
+MAX_TIER_BOOST = len(TIER_ORDER) - 1
+
+
+def default_plan_policies() -> dict[str, dict]:
+    return {
+        plan.value: {
+            "tier_boost": DEFAULT_TIER_BOOST[plan],
+            "weight": DEFAULT_PLAN_WEIGHTS[plan],
+            "realtime_cap": None,
+        }
+        for plan in Plan
+    }
+
+
+def validate_positive(value: float) -> None:
+    if value <= 0:
+        raise ValidationError(f"must be > 0, got {value!r}")
+
+
+class PlanPolicy(models.Model):
+    """What a plan entitles its tenants to (config.yaml `plans:`): a plan without a row takes
+    the defaults. Read through `inference.config.plans`."""
+
+    plan = models.CharField(max_length=16, choices=Plan.choices, unique=True)
+    tier_boost = models.SmallIntegerField(
+        validators=[MinValueValidator(-MAX_TIER_BOOST), MaxValueValidator(MAX_TIER_BOOST)],
+        help_text="Tiers added to the requested one (-1: api is served as realtime; +1: "
+        "realtime as api), clamped to realtime..offline.",
+    )
+    weight = models.FloatField(
+        validators=[validate_positive],
+        help_text="Share of a contended tier relative to other plans' tenants (> 0).",
+    )
+    realtime_cap = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Realtime jobs per second per tenant; beyond it they are served as api. "
+        "Empty = no cap.",
+    )
+
+    class Meta:
+        ordering = ["plan"]
+        verbose_name = "plan policy"
+        verbose_name_plural = "plan policies"
+
+    def __str__(self) -> str:
+        return f"{self.plan} plan"
 
 
 class ConfigChange(models.Model):

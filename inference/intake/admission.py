@@ -8,8 +8,9 @@ or refused whole):
   given back when the request is refused further on (429);
 - the service's `max_queue_size`: counted and inserted under one per-service advisory lock, in
   one round trip with the INSERTs, so concurrent submitters cannot overshoot it; the last
-  `P0_RESERVED_FRACTION` of the queue is kept for realtime jobs, which are refused only when
-  the queue is truly full (503);
+  `P0_RESERVED_FRACTION` (inference.dispatch.queue_position) of the queue is kept for realtime
+  jobs, which are refused only when the queue is truly full (503), with a Retry-After of the
+  queue's predicted drain time;
 - the tenant's `max_running_jobs` (queued + running): the same, under a per-tenant lock (429).
 
 A transaction takes its capacity locks before its running-jobs lock, each kind in id order
@@ -25,13 +26,11 @@ from datetime import UTC, datetime
 
 from django.db import DatabaseError
 
+from inference.dispatch.queue_position import queue_allowance, retry_after_s
 from inference.jobs.tiers import Tier
 from inference.models import Service, Tenant
 from renq_site.shared_redis import shared_redis
 
-# Share of max_queue_size only realtime jobs may fill: a backlog of batch work never locks
-# realtime traffic out.
-P0_RESERVED_FRACTION = 0.1
 # Advisory-lock namespaces of the per-service queue-capacity check and the per-tenant
 # running-jobs check; (space, id) is a lock's key, and keys are taken in ascending order.
 _CAPACITY_LOCK_SPACE = 7_301
@@ -158,9 +157,8 @@ class QueueCapacityCheck:
 
     @property
     def allowed(self) -> int:
-        limit = self.service.max_queue_size
         # Non-realtime work may use the queue up to the reserved margin; realtime all of it.
-        return limit if self.tier == Tier.REALTIME else limit - int(limit * P0_RESERVED_FRACTION)
+        return queue_allowance(self.service, self.tier)
 
     def statement(self) -> tuple[str, list] | None:
         """The SQL and its parameters, or None for a service without a max_queue_size."""
@@ -182,8 +180,9 @@ class QueueCapacityCheck:
         if service_id != self.service.pk:
             return None  # another service's check of the same request refused it
         service, limit = self.service, self.service.max_queue_size
-        # Rough drain time: one batch per batch_timeout is the floor of what a worker does.
-        retry = max(1, math.ceil(depth / max(service.batch_size, 1) * service.batch_timeout))
+        # The queue's drain time at the measured throughput: room frees a job at a time while
+        # every refused client retries, so a retry before the backlog drains is refused again.
+        retry = retry_after_s(service, depth)
         return AdmissionRefused(
             503,
             "service",

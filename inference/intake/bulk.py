@@ -20,6 +20,7 @@ from django.utils import timezone
 from inference.dispatch.publishing import publish_bulk
 from inference.intake.admission import RunningJobsCheck, reserve_counters
 from inference.intake.audit import record_receipts
+from inference.intake.entitlements import TierChoice, plan_tier
 from inference.intake.row_writer import run_in_one_round_trip
 from inference.intake.submission import (
     clean_idempotency_key,
@@ -122,9 +123,12 @@ def submit_bulk(
     key = clean_idempotency_key(idempotency_key)
     service = resolve_service(service_name)
     # Only null or "" mean the default (batch): any other value, `{}` or `0` too, is checked.
-    tier = resolve_tier(Tier.BATCH if priority is None or priority == "" else priority, tenant)
-    if tier not in BULK_TIERS:
+    requested = resolve_tier(
+        Tier.BATCH if priority is None or priority == "" else priority, tenant
+    )
+    if requested not in BULK_TIERS:
         raise InputError("priority", "bulk jobs run at batch or offline priority.")
+    tier = bulk_tier(requested, tenant)
     if key and (replayed := replay(tenant, key, [(service, payload)], bulk=True)) is not None:
         return replayed[0]
     piece_inputs = split_bulk(service, payload)
@@ -141,6 +145,18 @@ def submit_bulk(
             if replayed is not None:
                 return replayed[0]
         raise
+
+
+def bulk_tier(requested: Tier, tenant: Tenant) -> TierChoice:
+    """The plan's tier for a bulk job, kept within batch..offline: a bulk promises no latency,
+    and an interactive tier's queue_timeout would expire the pieces that wait their turn."""
+    choice = plan_tier(requested, tenant)
+    if choice.served in BULK_TIERS:
+        return choice
+    # Boosted above batch: batch is as high as a bulk goes.
+    if requested == Tier.BATCH:
+        return TierChoice(requested, Tier.BATCH)
+    return TierChoice(requested, Tier.BATCH, f"{choice.reason} (bulk jobs: at most batch)")
 
 
 def _store_bulk(tenant, service, tier, payload, piece_inputs, actor: str, key: str) -> Job:
@@ -164,7 +180,9 @@ def _insert_bulk(tenant, service, tier, payload, piece_inputs, actor, key, runni
         parent = Job.objects.create(
             tenant=tenant,
             service=service,
-            tier=tier,
+            tier=tier.served,
+            requested_tier=tier.requested,
+            tier_reason=tier.reason,
             message_priority=tenant.plan_boost,
             input=payload,
             is_bulk=True,
@@ -177,7 +195,9 @@ def _insert_bulk(tenant, service, tier, payload, piece_inputs, actor, key, runni
             Job(
                 tenant=tenant,
                 service=service,
-                tier=tier,
+                tier=tier.served,
+                requested_tier=tier.requested,
+                tier_reason=tier.reason,
                 message_priority=tenant.plan_boost,
                 input=piece_input,
                 parent=parent,

@@ -1,7 +1,9 @@
 """The submit service: the one way a job enters renq (REST API, OpenAI API, bulk, demo, tests).
 
-validate (400 names the field) → Idempotency-Key replay → result cache → admission (429 with
-Retry-After, a request admitted or refused whole) → routing decision → [queue capacity check
+validate (400 names the field; the tier is the requested one moved by the tenant's plan,
+`inference.intake.entitlements`) → Idempotency-Key replay → result cache → admission (429 with
+Retry-After, a request admitted or refused whole; realtime past the plan's cap is served as
+api) → routing decision → [queue capacity check
 (503) → running-jobs check (429) → INSERT jobs, receipts, routes → COMMIT]: one round trip,
 shared with the submissions that arrived meanwhile (`inference.intake.group_commit`) → publish
 (after commit, so a worker never sees a job that does not exist).
@@ -13,7 +15,7 @@ import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -23,14 +25,20 @@ from django.utils import timezone
 
 from inference.dispatch.placement import routes_on_submit
 from inference.dispatch.publishing import publish_many, publish_many_on_commit
-from inference.intake.admission import QueueCapacityCheck, RunningJobsCheck, reserve_counters
+from inference.intake.admission import (
+    CounterReservation,
+    QueueCapacityCheck,
+    RunningJobsCheck,
+    reserve_counters,
+)
 from inference.intake.audit import receipts, record_event
+from inference.intake.entitlements import plan_tier, realtime_cap_reason, reserve_realtime
 from inference.intake.group_commit import GroupCommit
 from inference.intake.lookups import active_service, forget_all
 from inference.intake.row_writer import insert_statements, mark_saved, run_in_one_round_trip
 from inference.jobs.inputs import InputError, check_storable_text
 from inference.jobs.kinds import kind_of, validate_input
-from inference.jobs.tiers import TIER_NAMES, Tier
+from inference.jobs.tiers import TIER_NAMES, Tier, promises_latency
 from inference.models import Job, JobStatus, Service, Tenant
 
 # An Idempotency-Key returns the job it first created for this long.
@@ -66,6 +74,7 @@ def resolve_service(name: Any) -> Service:
 
 
 def resolve_tier(priority: Any, tenant: Tenant) -> Tier:
+    """The tier the request asks for (the tenant's default when it names none)."""
     if priority is None or priority == "":
         return Tier(tenant.default_tier)
     if not isinstance(priority, str) or priority not in TIER_NAMES:
@@ -113,12 +122,16 @@ def effective_deadline_s(service: Service, deadline_ms: int | None) -> float:
 
 @dataclass
 class JobRequest:
-    """A validated submission, not yet admitted."""
+    """A validated submission, not yet admitted. `tier` is the tier it is served in, after the
+    plan's entitlements; `requested_tier` the one it asked for (None: the same)."""
 
     service: Service
     tier: Tier
     input: dict
     deadline_ms: int | None = None
+    requested_tier: Tier | None = None
+    # Why tier is not requested_tier.
+    tier_reason: str = ""
 
     @property
     def tokens(self) -> int:
@@ -129,11 +142,14 @@ def prepare(
     tenant: Tenant, *, service_name: Any, payload: Any, priority: Any = None, deadline_ms=None
 ) -> JobRequest:
     service = resolve_service(service_name)
+    tier = plan_tier(resolve_tier(priority, tenant), tenant)
     return JobRequest(
         service=service,
-        tier=resolve_tier(priority, tenant),
+        tier=tier.served,
         input=validate_input(service.kind, payload, max_items=service.max_items_per_job),
         deadline_ms=resolve_deadline_ms(deadline_ms),
+        requested_tier=tier.requested,
+        tier_reason=tier.reason,
     )
 
 
@@ -234,8 +250,9 @@ def accept(
                 answers[i] = hit
     pending = [i for i in range(len(requests)) if i not in answers]
 
-    reservations = []
+    reservations: list[CounterReservation] = [CounterReservation()]
     try:
+        requests = _within_realtime_cap(tenant, requests, pending, reservations[0])
         by_service: dict[int, list[int]] = defaultdict(list)
         for i, request in enumerate(requests):
             by_service[request.service.pk].append(i)
@@ -294,6 +311,30 @@ def accept(
     return [jobs[i] for i in range(len(requests))]
 
 
+def _within_realtime_cap(
+    tenant: Tenant,
+    requests: Sequence[JobRequest],
+    pending: list[int],
+    reservation: CounterReservation,
+) -> Sequence[JobRequest]:
+    """The requests with the realtime ones past the plan's realtime cap served as api (a cache
+    hit runs nothing, so it takes none of the cap)."""
+    realtime = [i for i in pending if requests[i].tier == Tier.REALTIME]
+    admitted, cap = reserve_realtime(tenant, len(realtime), reservation)
+    if admitted == len(realtime):
+        return requests
+    served = list(requests)
+    for i in realtime[admitted:]:
+        reasons = [requests[i].tier_reason, realtime_cap_reason(tenant, cap or 0)]
+        served[i] = replace(
+            requests[i],
+            tier=Tier.API,
+            requested_tier=requests[i].requested_tier or Tier.REALTIME,
+            tier_reason="; ".join(r for r in reasons if r),
+        )
+    return served
+
+
 def _capacity_check(requests: Sequence[JobRequest], indexes: list[int]) -> QueueCapacityCheck:
     service = requests[indexes[0]].service
     realtime = sum(requests[i].tier == Tier.REALTIME for i in indexes)
@@ -344,7 +385,7 @@ def _new_job(tenant: Tenant, request: JobRequest, now, idempotency_key: str, dig
     if request.deadline_ms is not None:
         # The interactive tiers promise an answer within total_timeout: a deadline only
         # tightens that. Batch work promises none, so its deadline is the one asked for.
-        if Tier(request.tier).is_interactive:
+        if promises_latency(request.tier, request.requested_tier or ""):
             deadline_at = now + timedelta(
                 seconds=effective_deadline_s(service, request.deadline_ms)
             )
@@ -354,6 +395,8 @@ def _new_job(tenant: Tenant, request: JobRequest, now, idempotency_key: str, dig
         tenant,
         service,
         tier=request.tier,
+        requested_tier=request.requested_tier or request.tier,
+        tier_reason=request.tier_reason,
         message_priority=tenant.plan_boost,
         input=request.input,
         input_hash=digest,
@@ -390,6 +433,8 @@ def _answered_job(
         tenant,
         request.service,
         tier=request.tier,
+        requested_tier=request.requested_tier or request.tier,
+        tier_reason=request.tier_reason,
         message_priority=tenant.plan_boost,
         status=JobStatus.SUCCEEDED,
         input=request.input,

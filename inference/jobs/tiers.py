@@ -1,5 +1,5 @@
-"""Priority tiers, plan boosts and aging. The queues they map to are in
-inference.dispatch.queues."""
+"""Priority tiers, plan boosts (tier entitlements, message priority) and aging. The queues
+they map to are in inference.dispatch.queues."""
 
 from __future__ import annotations
 
@@ -33,6 +33,25 @@ class Plan(models.TextChoices):
     ENTERPRISE = "enterprise", "Enterprise"
     PRO = "pro", "Pro"
     FREE = "free", "Free"
+
+
+# How many tiers a plan's jobs move from the tier they ask for (negative = up, towards realtime),
+# clamped to P0..P3: the product's entitlement table. config.yaml `plans:` overrides it
+# (inference.config.plans).
+DEFAULT_TIER_BOOST: dict[str, int] = {Plan.ENTERPRISE: -1, Plan.PRO: 0, Plan.FREE: 1}
+
+
+def boosted_tier(requested: str, boost: int) -> Tier:
+    """The tier `boost` ranks away from `requested`, clamped to realtime..offline."""
+    rank = min(max(Tier(requested).rank + boost, 0), len(TIER_ORDER) - 1)
+    return TIER_ORDER[rank]
+
+
+def promises_latency(served: str, requested: str = "") -> bool:
+    """Whether a job's queue_timeout/total_timeout apply: served in an interactive tier and
+    asked for one. A batch request that the plan serves as api still waits as long as it takes
+    rather than expiring; an api request served as batch likewise (`requested` "": as served)."""
+    return Tier(served).is_interactive and Tier(requested or served).is_interactive
 
 
 # AMQP message priority within a tier queue. Kept small: each level is a sub-queue in RabbitMQ.

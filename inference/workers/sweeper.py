@@ -191,6 +191,9 @@ def expire_overdue(now=None) -> int:
             service=service,
             tier__in=[Tier.REALTIME, Tier.API],
             created_at__lt=now - timedelta(seconds=waited_too_long),
+        ).exclude(
+            # Asked as batch/offline, served higher by the plan: no latency promise to break.
+            requested_tier__in=[Tier.BATCH, Tier.OFFLINE]
         ).expire("waited longer than the service's queue_timeout before a worker was free")
     return expired
 

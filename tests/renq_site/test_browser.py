@@ -141,3 +141,69 @@ def test_api_docs_render_swagger_ui_offline(gunicorn_url, browser):
     )
     foreign = [url for url in resources if not url.startswith(gunicorn_url)]
     assert foreign == [], foreign
+
+
+@pytest.mark.browser
+@pytest.mark.django_db(transaction=True)  # committed, so gunicorn's connection sees the rows
+def test_queue_page_shows_tenants_tiers_and_why_they_wait(gunicorn_url, browser, make_tenant,
+                                                          make_service):  # fmt: skip
+    from django.contrib.auth import get_user_model
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from inference.models import Job
+
+    acme, _ = make_tenant("acme-corp", plan="pro")
+    globex, _ = make_tenant("globex-inc", plan="free")
+    service = make_service("embedding", name="embed-browser")
+    for tenant, tier, n in ((acme, "api", 2), (acme, "batch", 6), (globex, "batch", 3)):
+        Job.objects.bulk_create(
+            Job(tenant=tenant, service=service, tier=tier, input={"texts": ["x"]}) for _ in range(n)
+        )
+    password = secrets.token_urlsafe(12)
+    user = get_user_model().objects.create_user("ops-staff", "ops@example.com", password)
+    user.is_staff = True
+    user.save()
+    from django.contrib.auth.models import Permission
+
+    user.user_permissions.add(Permission.objects.get(codename="view_job"))
+
+    browser.get(f"{gunicorn_url}/admin/login/?next=/admin/")
+    browser.find_element(By.ID, "id_username").send_keys("ops-staff")
+    browser.find_element(By.ID, "id_password").send_keys(password)
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    WebDriverWait(browser, 15).until(expected_conditions.url_to_be(f"{gunicorn_url}/admin/"))
+    assert "renq administration" in browser.find_element(By.ID, "site-name").text
+    # From the index, as an operator gets there: Queues, then the service.
+    browser.find_element(By.CSS_SELECTOR, "#renq-queues-module caption a").click()
+    WebDriverWait(browser, 15).until(expected_conditions.url_contains("/admin/queues/"))
+    browser.find_element(By.LINK_TEXT, "embed-browser").click()
+    table = WebDriverWait(browser, 15).until(
+        expected_conditions.presence_of_element_located((By.ID, "renq-queue-lines"))
+    )
+    RUN_DIR.mkdir(exist_ok=True)
+    browser.save_screenshot(str(RUN_DIR / "admin-queue.png"))
+    rows = {
+        (row.find_element(By.XPATH, "..").get_attribute("data-tier"),
+         row.get_attribute("data-tenant")): row.text
+        for row in table.find_elements(By.CSS_SELECTOR, "tr.renq-line")
+    }  # fmt: skip
+    assert set(rows) == {("api", "acme-corp"), ("batch", "acme-corp"), ("batch", "globex-inc")}
+    assert "tenant_fair_share" in rows["batch", "globex-inc"]
+    assert "tier_share" in rows["batch", "acme-corp"]
+    assert "next_in_line" in rows["api", "acme-corp"]
+    for tier in ("P1 api", "P2 batch"):
+        assert tier in table.text
+    # The bars are drawn: acme's 6 batch jobs fill the widest bar, globex's 3 half of it.
+    widths = browser.execute_script(
+        "return [...document.querySelectorAll('tr.renq-line .renq-bar > span')]"
+        ".map(s => [s.closest('tr').dataset.tenant, s.closest('tbody').dataset.tier,"
+        " s.getBoundingClientRect().width, s.parentElement.getBoundingClientRect().width]);"
+    )
+    drawn = {(tenant, tier): width / whole for tenant, tier, width, whole in widths}
+    assert drawn["acme-corp", "batch"] == pytest.approx(1.0, abs=0.02)
+    assert drawn["globex-inc", "batch"] == pytest.approx(0.5, abs=0.02)
+    # Each reason explains itself on hover.
+    reason = table.find_element(By.CSS_SELECTOR, "tr.renq-line .renq-reason.tenant_fair_share")
+    assert "tenants take turns" in reason.get_attribute("title")

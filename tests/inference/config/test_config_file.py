@@ -20,6 +20,7 @@ from inference.config.file import (
     parse_config,
 )
 from inference.config.models import ModelSpec
+from inference.config.plans import plan_policies
 from inference.config.tiers import tier_policies, tier_policy
 from inference.models import Service
 from routing.models import Backend, Route, RouteEntry
@@ -52,6 +53,7 @@ def live_state() -> dict:
             )
         ),
         "tiers": tier_policies(),
+        "plans": plan_policies(),
     }
 
 
@@ -84,7 +86,7 @@ def test_load_dump_load_is_the_identity(tmp_path):
     assert dump_config_yaml() == dumped.read_text()
     # The dump has the seed's shape.
     data = yaml.safe_load(dumped.read_text())
-    assert list(data) == ["models", "services", "backends", "routes", "tiers"]
+    assert list(data) == ["models", "services", "backends", "routes", "tiers", "plans"]
     assert data["services"]["embedding"]["model"] == "minilm-l6"
     assert data["services"]["embedding"]["runtime"]["batch_size"] == 64
 

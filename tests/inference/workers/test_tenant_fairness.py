@@ -66,11 +66,17 @@ def test_a_quiet_tenant_is_not_held_behind_another_tenants_flood(make_tenant, ma
 @pytest.mark.worker
 def test_plans_weigh_the_share_of_a_contended_tier(make_tenant, make_service):
     # Each plan's tenant queues 8 jobs, free first and enterprise last; weights 2 : 1 : 0.5.
+    # No tier boost, so all three share one tier and only the fair share orders them.
+    from inference.config.models import DEFAULT_PLAN_WEIGHTS, PlanPolicy
+
+    for plan, weight in DEFAULT_PLAN_WEIGHTS.items():
+        PlanPolicy.objects.update_or_create(plan=plan, defaults={"tier_boost": 0, "weight": weight})
     fresh_service(make_service, "fair-plans")
     jobs = {}
     for plan in ("free", "pro", "enterprise"):
         tenant, _ = make_tenant(plan, plan=plan)
         jobs[plan] = queue_jobs(tenant, "fair-plans", 8)
+    assert {job.tier for plan_jobs in jobs.values() for job in plan_jobs} == {"batch"}
     started = run_all("fair-plans", [job for plan_jobs in jobs.values() for job in plan_jobs])
     first = sorted(started, key=started.get)[:12]
     share = {plan: sum(job.pk in first for job in plan_jobs) for plan, plan_jobs in jobs.items()}

@@ -1,0 +1,299 @@
+"""Why a queued job waits, how much work is ahead of it, and when it should start and finish;
+and the reasons a tenant's line of a tier queue waits (the admin's queue page). One module, so
+the job's REST answer and the operator's page never disagree.
+
+The order modelled is the one the workers serve (inference.workers.tier_reader and
+inference.dispatch.fair_share): realtime strictly first; then the tiers below it by weighted
+share, counted in jobs; inside a tier queue, tenants by start-time fair queuing, charged in
+tokens over their plan weight. Postgres, the record of every job, gives the backlog; the
+measured throughput of the local workers (routing.capacity) turns jobs ahead into seconds, and
+the batch cost model (inference.scheduling.cost_model) predicts the job's own run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import redis
+from django.db.models import Count, F, Q, Sum, TextField, Value
+from django.db.models.functions import Cast, Coalesce, Length, NullIf
+from django.utils import timezone
+
+from inference.config.plans import plan_weight
+from inference.config.tiers import current_tier_policies
+from inference.jobs.kinds import CHARS_PER_TOKEN, kind_of
+from inference.jobs.tiers import Tier
+from inference.models import Job, JobStatus, Service
+from inference.scheduling.cost_model import BatchCostModel
+from renq_site.shared_redis import shared_redis
+from routing.capacity import PRIOR_BATCH_RUN_S, local_throughput
+from routing.limits import RateLimitTracker
+
+# Share of max_queue_size only realtime jobs may fill: a backlog of batch work never locks
+# realtime traffic out (admission enforces it; the reasons and Retry-After read it here).
+P0_RESERVED_FRACTION = 0.1
+
+WAIT_REASONS = {
+    "queue_full": "the service's queue is at max_queue_size: new jobs of this tier are refused",
+    "tenant_quota": "the tenant has max_running_jobs queued or running: new jobs are refused",
+    "backend_cooldown": "the backend the job is routed to is cooling down after a rate limit",
+    "tier_share": "a higher tier has queued work: realtime first, then the tiers' weighted share",
+    "tenant_fair_share": "another tenant has queued work in this tier: tenants take turns",
+    "next_in_line": "nothing ahead of it but its own tier's line: waiting for a worker's batch",
+}
+
+ACTIVE_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
+# The tier queue a job waits in: its own, or the one aging promoted it to.
+WAITING_TIER = Coalesce(NullIf("serving_tier", Value("")), "tier")
+# Queued jobs carry no token count until they run: the JSON size over the kinds' chars/token.
+ESTIMATED_TOKENS = Length(Cast("input", TextField())) / CHARS_PER_TOKEN
+# Retry-After of a full queue: at least a second, and never so long a client gives up.
+RETRY_AFTER_BOUNDS_S = (1, 60)
+
+
+def queue_allowance(service: Service, tier: str) -> int:
+    """Queued jobs the service admits for a job of this tier: realtime may fill the whole
+    queue, the other tiers all but the realtime reserve."""
+    limit = service.max_queue_size
+    return limit if tier == Tier.REALTIME else limit - int(limit * P0_RESERVED_FRACTION)
+
+
+def wait_reasons(
+    *,
+    queue_full: bool,
+    at_quota: bool,
+    cooling_down: bool = False,
+    higher_tiers_waiting: bool,
+    other_tenants_waiting: bool,
+) -> list[str]:
+    """Every reason that holds, most binding first; `next_in_line` when none does."""
+    reasons = [
+        name
+        for name, holds in (
+            ("queue_full", queue_full),
+            ("tenant_quota", at_quota),
+            ("backend_cooldown", cooling_down),
+            ("tier_share", higher_tiers_waiting),
+            ("tenant_fair_share", other_tenants_waiting),
+        )
+        if holds
+    ]
+    return reasons or ["next_in_line"]
+
+
+def tenants_at_quota(tenant_ids: Iterable[int]) -> set[int]:
+    """The tenants with max_running_jobs jobs queued or running (admission's own count: every
+    service, bulk pieces aside): their new jobs are refused with 429."""
+    return set(
+        Job.objects.filter(
+            tenant_id__in=list(tenant_ids), status__in=ACTIVE_STATUSES, parent__isnull=True
+        )
+        .values("tenant_id", "tenant__max_running_jobs")
+        .annotate(active=Count("id"))
+        .filter(tenant__max_running_jobs__gt=0, active__gte=F("tenant__max_running_jobs"))
+        .values_list("tenant_id", flat=True)
+    )
+
+
+def service_depth(service: Service) -> int:
+    """Queued jobs of the service as admission counts them against max_queue_size."""
+    return Job.objects.filter(service=service, status=JobStatus.QUEUED).count()
+
+
+def throughput_jobs_s(service: Service) -> float:
+    """Jobs per second the service's local workers get through: measured, else the prior."""
+    worker_count = max(service.worker_count, 1)
+    prior = service.batch_size / (service.batch_timeout + PRIOR_BATCH_RUN_S) * worker_count
+    try:
+        rate, _ = local_throughput(
+            service.name,
+            batch_size=service.batch_size,
+            batch_timeout_s=service.batch_timeout,
+            worker_count=worker_count,
+        )
+    except redis.RedisError:
+        rate = prior  # an estimate: without the measurement, the service's own settings
+    return max(rate, 1e-6)
+
+
+def predicted_drain_s(service: Service, depth: int | None = None) -> float:
+    """How long the service's local workers take to get through its queued jobs."""
+    depth = service_depth(service) if depth is None else depth
+    return depth / throughput_jobs_s(service)
+
+
+def retry_after_s(service: Service, depth: int) -> int:
+    """Retry-After of a full queue: the predicted drain time of its `depth` queued jobs,
+    bounded by RETRY_AFTER_BOUNDS_S."""
+    low, high = RETRY_AFTER_BOUNDS_S
+    seconds = predicted_drain_s(service, max(1, depth))
+    return int(min(high, max(low, math.ceil(seconds))))
+
+
+def _own_run_s(service: Service, tokens: int, per_job_s: float) -> float:
+    """The job's own run by the cost model of the service's devices (the slowest measured),
+    or one job's share of the throughput before any batch was measured."""
+    measured = [cost for cost in BatchCostModel.measured(service.name).values() if cost.samples]
+    if not measured:
+        return per_job_s
+    return max(cost.predict_s(tokens) for cost in measured)
+
+
+def _cooling_down(job: Job) -> bool:
+    route = getattr(job, "route", None)
+    if route is None:
+        return False
+    try:
+        return RateLimitTracker(shared_redis()).status(route.backend).cooling_down
+    except redis.RedisError:
+        return False  # a statistic: no answer means no cooldown shown
+
+
+@dataclass
+class _Line:
+    """One (tier, tenant) backlog of the service's queued jobs."""
+
+    tier: str
+    tenant_id: int
+    plan: str
+    jobs: int
+    tokens: int
+    # This job's own tenant and tier only: its jobs queued before it.
+    earlier_jobs: int = 0
+    earlier_tokens: int = 0
+
+
+def explain_wait(job: Job, now: datetime | None = None) -> dict | None:
+    """Why a queued job waits and when it should run; None once it is no longer queued.
+
+    `position` counts the service's queued jobs the workers should serve before this one:
+    - every queued realtime job, when the job's tier is below realtime (realtime is strict);
+    - in the job's own tier queue, its tenant's jobs queued before it, and of each other
+      tenant's queued jobs the part the fair share serves meanwhile: their tokens up to this
+      tenant's tokens ahead (its earlier jobs and this one) times their plan weight over this
+      tenant's (a tenant with a small backlog is wholly ahead, a flood only by its share);
+    - for a tier below realtime, of each other non-realtime tier's queued jobs the part the
+      tiers' weighted share serves while the own tier's jobs ahead (and this one) are taken:
+      those jobs times the other tier's weight over this tier's, at most its backlog.
+    Jobs routed to a cloud backend are not counted (the local workers never take them), nor
+    bulk parents (their pieces are the jobs). Running jobs are not in `position`, but they
+    occupy the workers: half of them count in the time to start.
+
+    `predicted_start` is now + (position + running / 2) / the measured throughput (jobs/s of
+    the service's local workers); `predicted_finish` adds the cost model's run of the job's
+    own tokens. `reason` is the most binding of `reasons` (see WAIT_REASONS).
+    """
+    if job.status != JobStatus.QUEUED or job.is_bulk:
+        return None  # a bulk job's pieces are what wait, each with its own place
+    now = now or timezone.now()
+    service = job.service
+    tier = job.serving_tier or job.tier
+    rank = Tier(tier).rank
+    local = Job.objects.filter(service=service, is_bulk=False).exclude(
+        route__backend__kind="openai"
+    )
+    own_earlier = Q(tenant_id=job.tenant_id, created_at__lt=job.created_at) | Q(
+        tenant_id=job.tenant_id, created_at=job.created_at, pk__lt=job.pk
+    )
+    rows = (
+        local.filter(status=JobStatus.QUEUED)
+        .annotate(waiting_tier=WAITING_TIER)
+        .values("waiting_tier", "tenant_id", "tenant__plan")
+        .annotate(
+            jobs=Count("id"),
+            tokens=Sum(ESTIMATED_TOKENS),
+            earlier_jobs=Count("id", filter=own_earlier),
+            earlier_tokens=Sum(ESTIMATED_TOKENS, filter=own_earlier),
+        )
+    )
+    lines = [
+        _Line(
+            row["waiting_tier"],
+            row["tenant_id"],
+            row["tenant__plan"],
+            row["jobs"],
+            int(row["tokens"] or 0),
+            row["earlier_jobs"],
+            int(row["earlier_tokens"] or 0),
+        )
+        for row in rows
+    ]
+    running = local.filter(status=JobStatus.RUNNING).count()
+    # Measured as ESTIMATED_TOKENS measures the others, so the fair share compares like.
+    own_tokens = max(1, len(_input_text(job)) // CHARS_PER_TOKEN)
+
+    ahead_jobs, ahead_tokens = 0.0, 0.0
+    higher_waiting, others_waiting = False, False
+    # Realtime is served strictly before every other tier.
+    if rank > 0:
+        for line in lines:
+            if line.tier == Tier.REALTIME:
+                ahead_jobs += line.jobs
+                ahead_tokens += line.tokens
+                higher_waiting = higher_waiting or line.jobs > 0
+    # Inside the tier: the tenant's own earlier jobs, and the others' fair share meanwhile.
+    mine = [line for line in lines if line.tier == tier]
+    own = next((line for line in mine if line.tenant_id == job.tenant_id), None)
+    own_ahead_tokens = (own.earlier_tokens if own else 0) + own_tokens
+    own_weight = plan_weight(job.tenant.plan)
+    tier_jobs = float(own.earlier_jobs if own else 0)
+    tier_tokens = float(own.earlier_tokens if own else 0)
+    for line in mine:
+        if line.tenant_id == job.tenant_id or not line.jobs:
+            continue
+        allowed = own_ahead_tokens * plan_weight(line.plan) / max(own_weight, 1e-6)
+        part = min(1.0, allowed / max(line.tokens, 1))
+        tier_jobs += line.jobs * part
+        tier_tokens += line.tokens * part
+        others_waiting = others_waiting or part > 0
+    ahead_jobs += tier_jobs
+    ahead_tokens += tier_tokens
+    # Between the tiers below realtime: each other tier's weighted share of the same stretch.
+    if rank > 0:
+        weights = {t: policy.weight for t, policy in current_tier_policies().items()}
+        own_tier_weight = max(weights.get(tier, 0.0), 1e-6)
+        for line in lines:
+            if line.tier in (tier, Tier.REALTIME) or not line.jobs:
+                continue
+            share = (tier_jobs + 1) * weights.get(line.tier, 0.0) / own_tier_weight
+            part = min(1.0, share / line.jobs)
+            ahead_jobs += line.jobs * part
+            ahead_tokens += line.tokens * part
+            if part > 0 and Tier(line.tier).rank < rank:
+                higher_waiting = True
+
+    rate = throughput_jobs_s(service)
+    start_s = (ahead_jobs + running / 2) / rate
+    input_tokens, output_tokens = kind_of(service.kind).estimate_tokens(job.input)
+    run_s = _own_run_s(service, input_tokens + output_tokens, 1 / rate)
+    # Admission's count (every queued job of the service), not only the local line's.
+    queue_full = bool(service.max_queue_size) and service_depth(service) >= queue_allowance(
+        service, tier
+    )
+    reasons = wait_reasons(
+        queue_full=queue_full,
+        at_quota=job.tenant_id in tenants_at_quota([job.tenant_id]),
+        cooling_down=_cooling_down(job),
+        higher_tiers_waiting=higher_waiting,
+        other_tenants_waiting=others_waiting,
+    )
+    start = now + timedelta(seconds=start_s)
+    return {
+        "position": math.ceil(ahead_jobs - 1e-9),
+        "work_ahead_tokens": round(ahead_tokens),
+        "running": running,
+        "throughput_jobs_s": round(rate, 3),
+        "predicted_start": start.isoformat(),
+        "predicted_finish": (start + timedelta(seconds=run_s)).isoformat(),
+        "reason": reasons[0],
+        "reasons": reasons,
+    }
+
+
+def _input_text(job: Job) -> str:
+    # As Postgres prints jsonb, so the job's estimate matches ESTIMATED_TOKENS of the others.
+    return json.dumps(job.input, separators=(", ", ": "))
