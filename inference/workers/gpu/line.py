@@ -12,11 +12,12 @@ from inference.workers.tier_reader import WeightedShare
 class Line:
     """Claimed jobs that are not running yet.
 
-    The front — claimed realtime jobs, generations to continue, a formed batch that yielded
-    to realtime work — runs before anything else. Claimed jobs of the tiers below realtime
-    that did not fit the batch they were pulled for wait for their tier's turn in the
-    weighted share, which charges them when they run, so the jobs of one message do not run
-    back to back ahead of the other tiers' work.
+    The front — claimed realtime jobs, bulk pieces, a formed batch that yielded to realtime
+    work — runs before anything else. Claimed jobs of the tiers below realtime that did not
+    fit the batch they were pulled for, and chunked generations to continue, wait for their
+    tier's turn in the weighted share, which charges them when they run, so the jobs of one
+    message (or the passes of one generation) do not run back to back ahead of the other
+    tiers' work.
     """
 
     def __init__(self, share: WeightedShare):

@@ -4,7 +4,7 @@ While a forward pass runs on the model thread, the loop's thread forms and claim
 batch and the store thread writes the previous one's outcomes; the forward passes themselves
 run one after another. Before starting a batch of non-realtime work formed during the
 previous pass, the loop looks for realtime work and runs it first. A chunked generation that
-a pass left unfinished goes back, still claimed, to the front of the line.
+a pass left unfinished stays claimed in the line and waits for its tier's turn.
 """
 
 from __future__ import annotations
@@ -175,8 +175,10 @@ class DrainLoop:
             return [Outcome(job=h.job, error=error, started_at=started_at) for h in batch]
 
     def _carry_on(self, batch: list[Held], outcomes: list[Outcome]) -> bool:
-        """Generations the pass left unfinished go back to the front of the line, claimed,
-        to continue after whatever realtime work arrived meanwhile. True if there were any."""
+        """Generations the pass left unfinished stay claimed in the line: each waits for its
+        tier's turn in the weighted share like any claimed job, so a chunked low-tier
+        generation does not run ahead of claimed higher-tier work. Bulk pieces (no tier queue
+        of their own) go back to the front. True if there were any."""
         unfinished = []
         for held, outcome in zip(batch, outcomes, strict=True):
             if not left_unfinished(outcome):
@@ -193,5 +195,13 @@ class DrainLoop:
             held.item = None  # sized again for its next pass
             unfinished.append(held)
         self.report.continued += len(unfinished)
-        self.line.put_first(unfinished)
+        front = []
+        for held in unfinished:
+            tier = Tier(held.job.serving_tier or held.job.tier)
+            if held.job.parent_id is None and tier in WeightedShare.TIERS:
+                # Sized again and charged to its tier when its turn comes (former.fill).
+                self.line.wait_for_turn(held, tier)
+            else:
+                front.append(held)
+        self.line.put_first(front)
         return bool(unfinished)
