@@ -22,10 +22,11 @@ from django.db import DatabaseError, InterfaceError, close_old_connections
 from inference.config.tiers import tier_policies
 from inference.dispatch import fair_share
 from inference.intake.bulk import fail_bulk, finish_bulk, retry_failed_piece
-from inference.jobs.tiers import TIER_NAMES
+from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.workers.cloud import run_cloud_attempt
 from inference.workers.cpu_pinning import keep_off_model_cores
 from inference.workers.gpu.runner import BatchRunner
+from inference.workers.io_turns import IoTurns
 from inference.workers.sweeper import expire_overdue, promote_waiting_jobs, sweep_jobs
 from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool, message_job_ids
 from inference.workers.warmup import warm_engines_for_consumed_queues
@@ -58,6 +59,10 @@ _readers = ReaderPool(
     app.connection_for_read, lambda name: app.amqp.queues[name], weights=_tier_weights
 )
 _runner = BatchRunner(_readers)
+# The I/O worker's cloud calls in tier order: each thread pulls from the io.<tier> queues.
+_io_turns = IoTurns(
+    app.connection_for_read, lambda name: app.amqp.queues[name], weights=_tier_weights
+)
 
 
 def _requeue_after_outage(exc: BaseException) -> Reject:
@@ -91,8 +96,23 @@ def run_job(self, job_id: str | list[str]) -> dict:
 @shared_task(name="inference.call_backend", bind=True)
 def call_backend(self, job_id: str, backend_id: int) -> dict:
     info = self.request.delivery_info or {}
+    routing_key = info.get("routing_key") or ""
+    tier = routing_key.rsplit(".", 1)[-1]
+    start_tag = getattr(self.request, fair_share.START_TAG_HEADER, None)
+    if start_tag is not None and routing_key:
+        fair_share.advance({routing_key: float(start_tag)})
     try:
-        return run_cloud_attempt(job_id, backend_id, redelivered=bool(info.get("redelivered")))
+        # The messages whose turn comes first are pulled and run before it, more after it.
+        return _io_turns.run(
+            Tier(tier) if tier in TIER_NAMES else Tier.REALTIME,
+            lambda: run_cloud_attempt(
+                job_id, backend_id, redelivered=bool(info.get("redelivered"))
+            ),
+            lambda pulled_id, pulled_backend_id, redelivered: run_cloud_attempt(
+                pulled_id, pulled_backend_id, redelivered=redelivered
+            ),
+            requeue_on=INFRASTRUCTURE_ERRORS,
+        )
     except INFRASTRUCTURE_ERRORS as exc:
         raise _requeue_after_outage(exc) from exc
 

@@ -282,13 +282,10 @@ def _messages(jobs: Sequence[Job]) -> list[list[Job]]:
 
 
 def _fair_tags(messages: list[list[Job]]) -> list[fair_share.Tag | None]:
-    """The fair share's tag of each message bound for a service's tier queue (None for the
-    others, and for all when Redis is away: they go at the plan's static priority)."""
-    tagged = [
-        i
-        for i, group in enumerate(messages)
-        if group[0].parent_id is None and destination(group[0]).task == RUN_JOB_TASK
-    ]
+    """The fair share's tag of each message bound for a tier queue, a service's or the cloud
+    calls' (None for bulk pieces, and for all when Redis is away: they go at the plan's static
+    priority)."""
+    tagged = [i for i, group in enumerate(messages) if group[0].parent_id is None]
     tags: list[fair_share.Tag | None] = [None] * len(messages)
     if not tagged:
         return tags

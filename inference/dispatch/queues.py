@@ -7,13 +7,13 @@
     renq.control                            the control worker (beat)   the sweep
     renq.dead                               nobody (operators)          dead letters
 
-Tiers are separate queues so a worker chooses which tier to serve next; inside a GPU tier
-queue the AMQP message priority is the tenant's fair-share band (inference.dispatch.fair_share),
-elsewhere the plan's static priority. Every queue is a durable classic queue (quorum
-queues have no priorities on RabbitMQ 3.x) declared with `x-max-priority = MAX_PRIORITY`;
-a redeclaration with other arguments would fail with 406 PRECONDITION_FAILED, so the Celery
-app takes the number from here. `RENQ_QUEUE_PREFIX` separates test and bench traffic from the
-demo's on one broker.
+Tiers are separate queues so a worker chooses which tier to serve next; inside a tier queue (a
+service's or io.<tier>) the AMQP message priority is the tenant's fair-share band
+(inference.dispatch.fair_share); bulk pieces go at the plan's static priority. Every queue is a
+durable classic queue (quorum queues have no priorities on RabbitMQ 3.x) declared with
+`x-max-priority = MAX_PRIORITY`; a redeclaration with other arguments would fail with 406
+PRECONDITION_FAILED, so the Celery app takes the number from here. `RENQ_QUEUE_PREFIX`
+separates test and bench traffic from the demo's on one broker.
 """
 
 from __future__ import annotations
