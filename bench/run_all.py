@@ -14,6 +14,9 @@ submit_profile.txt). Scenarios, in order:
 - bulk: a 10,000-text bulk job vs the raw model (bench/bulk.py);
 - priority: saturation with P0-P3 traffic, with and without the preemption budget, and two
   tenants of one tier (bench/priority.py);
+- tenants: fairness between tenants inside a tier (issue 27): quiet tenants beside a flood,
+  throughput vs the flood alone, Jain's index, a free realtime flood beside pro api jobs
+  (bench/tenants.py, no-op model);
 - result_bytes: bytes per embedding job stored, sent and answered, JSON floats vs float32
   (bench/result_bytes.py; results.json only).
 
@@ -57,6 +60,7 @@ from bench import (  # noqa: E402
     priority,
     result_bytes,
     submit_profile,
+    tenants,
 )
 from bench.common import (  # noqa: E402
     MODEL_REF,
@@ -81,7 +85,17 @@ from renq_site.celery import app  # noqa: E402
 SERVICE = "bench-embed"  # the historical e2e/drain/settings runs: batch 32, long timeouts
 IDLE_SERVICE = bulk.SERVICE  # config.yaml's embedding settings (the CPU profile)
 CLIENTS = 8
-SCENARIOS = ("inprocess", "e2e", "pools", "noop", "profile", "bulk", "priority", "result_bytes")
+SCENARIOS = (
+    "inprocess",
+    "e2e",
+    "pools",
+    "noop",
+    "profile",
+    "bulk",
+    "priority",
+    "tenants",
+    "result_bytes",
+)
 # The Celery worker pools compared for the GPU worker (idle realtime latency, one process each).
 POOLS = ("prefork", "solo", "threads")
 
@@ -592,6 +606,8 @@ def main() -> int:
         print(results["submit_profile"], flush=True)
     if which & {"bulk", "priority"}:
         scenario_bulk_priority(results, engine, which, args.quick)
+    if "tenants" in which:
+        results["tenants"] = tenants.run(quick=args.quick)
     if "result_bytes" in which:
         results["result_bytes"] = result_bytes.run(engine)
         print(result_bytes.report(results["result_bytes"]), flush=True)
