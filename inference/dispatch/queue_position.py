@@ -26,7 +26,7 @@ from django.utils import timezone
 from inference.config.plans import plan_weight
 from inference.config.tiers import current_tier_policies
 from inference.jobs.kinds import CHARS_PER_TOKEN, kind_of
-from inference.jobs.tiers import Tier
+from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.models import Job, JobStatus, Service
 from inference.scheduling.cost_model import BatchCostModel
 from renq_site.shared_redis import shared_redis
@@ -192,6 +192,8 @@ def explain_wait(job: Job, now: datetime | None = None) -> dict | None:
     now = now or timezone.now()
     service = job.service
     tier = job.serving_tier or job.tier
+    if tier not in TIER_NAMES:
+        return None  # a row written without a tier (by hand, not through intake)
     rank = Tier(tier).rank
     local = Job.objects.filter(service=service, is_bulk=False).exclude(
         route__backend__kind="openai"

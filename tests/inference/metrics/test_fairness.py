@@ -161,25 +161,26 @@ def test_stored_outcomes_count_wait_and_served_work_per_plan(
         claim.token, [Outcome(job=bare, result={"n": 1}, started_at=started, tokens=3)]
     ) == 1
 
-    samples = scrape()
+    # Read from this process's own metrics (its multiprocess files may lie in the directory
+    # an earlier test of the session set, not this test's).
     name = service.name
-    assert value(samples, "renq_tenant_class_queue_time_seconds_count", service=name,
-                 tier="api", plan="enterprise") == 2  # fmt: skip
-    assert value(samples, "renq_tenant_class_queue_time_seconds_count", service=name,
-                 tier="api", plan="free") == 2  # fmt: skip
-    assert value(samples, "renq_tenant_class_queue_time_seconds_sum", service=name,
-                 tier="api", plan="enterprise") >= 2 * 1.5  # fmt: skip
-    assert value(samples, "renq_tenant_class_served_tokens_total", service=name,
-                 tier="api", plan="enterprise") == 14  # fmt: skip
-    assert value(samples, "renq_tenant_class_served_jobs_total", service=name,
-                 tier="api", plan="enterprise") == 2  # fmt: skip
+    enterprise, free_plan = (name, "api", "enterprise"), (name, "api", "free")
+    assert histogram_count(events.TENANT_CLASS_QUEUE_TIME, *enterprise) == 2
+    assert histogram_count(events.TENANT_CLASS_QUEUE_TIME, *free_plan) == 2
+    assert events.TENANT_CLASS_QUEUE_TIME.labels(*enterprise)._sum.get() >= 2 * 1.5
+    assert counted(events.TENANT_CLASS_SERVED_TOKENS, *enterprise) == 14
+    assert counted(events.TENANT_CLASS_SERVED_JOBS, *enterprise) == 2
     # The failed job waited but was not served; the later success was.
-    assert value(samples, "renq_tenant_class_served_tokens_total", service=name,
-                 tier="api", plan="free") == 3  # fmt: skip
-    assert value(samples, "renq_tenant_class_served_jobs_total", service=name,
-                 tier="api", plan="free") == 1  # fmt: skip
+    assert counted(events.TENANT_CLASS_SERVED_TOKENS, *free_plan) == 3
+    assert counted(events.TENANT_CLASS_SERVED_JOBS, *free_plan) == 1
     # Per tenant only opted in: the late batch was recorded with the labels on.
-    assert value(samples, "renq_tenant_served_tokens_total", service=name, tier="api",
-                 tenant="plan-free") == 3  # fmt: skip
-    assert value(samples, "renq_tenant_served_tokens_total", service=name, tier="api",
-                 tenant="plan-enterprise") is None  # fmt: skip
+    assert counted(events.TENANT_SERVED_TOKENS, name, "api", "plan-free") == 3
+    assert counted(events.TENANT_SERVED_TOKENS, name, "api", "plan-enterprise") == 0
+
+
+def counted(counter, *labels) -> float:
+    return counter.labels(*labels)._value.get()
+
+
+def histogram_count(histogram, *labels) -> float:
+    return sum(bucket.get() for bucket in histogram.labels(*labels)._buckets)

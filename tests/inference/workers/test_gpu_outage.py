@@ -22,6 +22,7 @@ from inference.workers.tier_reader import DEFAULT_WEIGHTS, PulledMessage, Weight
 class FakeMessage:
     def __init__(self):
         self.delivery_info = {}
+        self.headers = {}
         self.acknowledged = False
         self.requeued = False
 
