@@ -177,13 +177,17 @@ def _insert_bulk(tenant, service, tier, payload, piece_inputs, actor, key, runni
         check = running.statement()
         if check is not None:
             run_in_one_round_trip([check])
-        parent = Job.objects.create(
+        # The pieces are the parent's jobs: its tenant, service and tiers.
+        shared = dict(
             tenant=tenant,
             service=service,
             tier=tier.served,
             requested_tier=tier.requested,
             tier_reason=tier.reason,
             message_priority=tenant.plan_boost,
+        )
+        parent = Job.objects.create(
+            **shared,
             input=payload,
             is_bulk=True,
             status=JobStatus.RUNNING,
@@ -192,17 +196,7 @@ def _insert_bulk(tenant, service, tier, payload, piece_inputs, actor, key, runni
             idempotency_key=key,
         )
         pieces = Job.objects.bulk_create(
-            Job(
-                tenant=tenant,
-                service=service,
-                tier=tier.served,
-                requested_tier=tier.requested,
-                tier_reason=tier.reason,
-                message_priority=tenant.plan_boost,
-                input=piece_input,
-                parent=parent,
-                piece_index=index,
-            )
+            Job(**shared, input=piece_input, parent=parent, piece_index=index)
             for index, piece_input in enumerate(piece_inputs)
         )
         record_receipts([parent], actor=actor)
