@@ -20,6 +20,7 @@ from inference.dispatch.queue_position import (
     WAIT_REASONS,
     WAITING_TIER,
     queue_allowance,
+    service_depth,
     tenants_at_quota,
     wait_reasons,
 )
@@ -268,14 +269,14 @@ def service_queue_lines(service: Service, now: datetime) -> list[QueueLine]:
     )
     # Admission's own counts: the service's queued jobs, and each tenant's queued and running
     # jobs on every service (bulk pieces aside), against its max_running_jobs.
-    depth = Job.objects.filter(service=service, status=JobStatus.QUEUED).count()
+    depth = service_depth(service)
     at_quota = tenants_at_quota({row["tenant_id"] for row in rows})
     limit = service.max_queue_size
-    queued_tiers = {row["waiting_tier"] for row in rows if row["queued"]}
     tenants_by_tier: dict[str, set[int]] = {}
     for row in rows:
         if row["queued"]:
             tenants_by_tier.setdefault(row["waiting_tier"], set()).add(row["tenant_id"])
+    queued_tiers = set(tenants_by_tier)
     rank = {tier.value: tier.rank for tier in TIER_ORDER}
     most = max((row["queued"] for row in rows), default=0)
     lines = []

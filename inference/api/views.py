@@ -24,6 +24,7 @@ from inference.api.serializers import (
 from inference.dispatch.queue_report import queue_report
 from inference.intake.bulk import submit_bulk
 from inference.intake.submission import (
+    IDEMPOTENCY_KEY_HEADER,
     MAX_JOBS_PER_REQUEST,
     JobRequest,
     cancel_job,
@@ -36,7 +37,6 @@ from inference.jobs.vectors import ENCODING_FORMATS
 from inference.models import Job, JobStatus, Service
 from routing.models import JobAttempt
 
-IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 IDEMPOTENCY_KEY_DOC = (
     "An `Idempotency-Key` header makes a retry safe: the same request sent again with it "
     "(24 h) is answered 200 with what the first made, and makes nothing; the key sent with "

@@ -19,11 +19,10 @@ import threading
 from dataclasses import dataclass
 
 from inference.config.changes import ConfigWatcher, config_changed
-from inference.config.models import DEFAULT_PLAN_WEIGHTS, PlanPolicy, default_plan_policies
+from inference.config.models import PlanPolicy, default_plan_policies
 from inference.jobs.tiers import Tier, boosted_tier
 
 __all__ = [
-    "DEFAULT_PLAN_WEIGHTS",
     "PlanEntitlement",
     "effective_tier",
     "plan_policies",

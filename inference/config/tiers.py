@@ -21,7 +21,6 @@ from inference.config.changes import ConfigWatcher, config_changed
 from inference.config.models import TIER_POLICY_KEYS, SchedulerSettings, default_tier_policies
 from inference.jobs.tiers import TIER_ORDER, Tier
 
-TIER_POLICY_FIELDS = ("aging_after_s", "weight", "target_wait_s")
 # What the keys a tier does not take stand for: realtime and api are never promoted
 # (aging_after_s 0), realtime is outside the weighted share (weight 0).
 _FIXED = {"aging_after_s": 0.0, "weight": 0.0}

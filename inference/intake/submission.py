@@ -41,6 +41,8 @@ from inference.jobs.kinds import kind_of, validate_input
 from inference.jobs.tiers import TIER_NAMES, Tier, promises_latency
 from inference.models import Job, JobStatus, Service, Tenant
 
+# The header a client sends its key in (REST and /v1 alike).
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 # An Idempotency-Key returns the job it first created for this long.
 IDEMPOTENCY_WINDOW = timedelta(hours=24)
 MAX_IDEMPOTENCY_KEY_CHARS = 200

@@ -18,7 +18,6 @@ from inference.openai_api.errors import (
 
 PRIORITY_HEADER = "X-Renq-Priority"
 DEADLINE_HEADER = "X-Renq-Deadline-Ms"
-IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 
 
 def authenticate(authorization: str) -> Tenant:

@@ -24,7 +24,7 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from inference.delivery.streaming import generated_text
 from inference.delivery.waiting import wait_for_final_job
-from inference.intake.submission import effective_deadline_s
+from inference.intake.submission import IDEMPOTENCY_KEY_HEADER, effective_deadline_s
 from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.models import Job, Service, Tenant
 from inference.openai_api import endpoints, jobs
@@ -119,7 +119,7 @@ def requested_deadline_ms(request: HttpRequest) -> int | None:
 
 
 def idempotency_key(request: HttpRequest) -> str:
-    return request.headers.get(jobs.IDEMPOTENCY_KEY_HEADER, "")
+    return request.headers.get(IDEMPOTENCY_KEY_HEADER, "")
 
 
 async def submitted(
