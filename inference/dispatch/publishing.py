@@ -199,8 +199,7 @@ def publish_task(
     )
 
 
-def _send(jobs: Sequence[Job], tag: fair_share.Tag | None) -> bool:
-    target = destination(jobs[0])
+def _send(target: Destination, jobs: Sequence[Job], tag: fair_share.Tag | None) -> bool:
     args = list(target.args) if len(jobs) == 1 else [[str(job.pk) for job in jobs]]
     priority, headers = target.priority, None
     if tag is not None:
@@ -237,8 +236,8 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False) -> int:
     jobs = list(jobs)
     sent: list = []
     messages = _messages(jobs)
-    for group, tag in zip(messages, _fair_tags(messages), strict=True):
-        if not _send(group, tag):
+    for (target, group), tag in zip(messages, _fair_tags(messages), strict=True):
+        if not _send(target, group, tag):
             break
         sent.extend(job.pk for job in group)
     if counted_on:
@@ -263,17 +262,18 @@ def jobs_per_message(batch_size: int) -> int:
     return max(MIN_JOBS_PER_MESSAGE, min(MAX_JOBS_PER_MESSAGE, batch_size // 8))
 
 
-def _messages(jobs: Sequence[Job]) -> list[list[Job]]:
-    groups: dict[tuple[str, int], list[Job]] = {}
-    messages: list[list[Job]] = []
+def _messages(jobs: Sequence[Job]) -> list[tuple[Destination, list[Job]]]:
+    """The messages to send, each with where it goes (its first job's destination)."""
+    groups: dict[tuple[str, int], tuple[Destination, list[Job]]] = {}
+    messages: list[tuple[Destination, list[Job]]] = []
     for job in jobs:
         target = destination(job)
         if target.task != RUN_JOB_TASK or job.parent_id is not None:
-            messages.append([job])  # one per job: cloud calls, chord members
+            messages.append((target, [job]))  # one per job: cloud calls, chord members
             continue
         # One tenant's jobs to a message: the fair share charges a message to its tenant.
         key = (target.queue, job.tenant_id)
-        group = groups.setdefault(key, [])
+        group = groups.setdefault(key, (target, []))[1]
         group.append(job)
         if len(group) == jobs_per_message(job.service.batch_size):
             messages.append(groups.pop(key))
@@ -281,25 +281,25 @@ def _messages(jobs: Sequence[Job]) -> list[list[Job]]:
     return messages
 
 
-def _fair_tags(messages: list[list[Job]]) -> list[fair_share.Tag | None]:
+def _fair_tags(messages: list[tuple[Destination, list[Job]]]) -> list[fair_share.Tag | None]:
     """The fair share's tag of each message bound for a tier queue, a service's or the cloud
     calls' (None for bulk pieces, and for all when Redis is away: they go at the plan's static
     priority)."""
-    tagged = [i for i, group in enumerate(messages) if group[0].parent_id is None]
+    tagged = [i for i, (_, group) in enumerate(messages) if group[0].parent_id is None]
     tags: list[fair_share.Tag | None] = [None] * len(messages)
     if not tagged:
         return tags
-    plans = _tenant_plans([messages[i][0] for i in tagged])
+    plans = _tenant_plans([messages[i][1][0] for i in tagged])
     charges = []
     for i in tagged:
-        group = messages[i]
+        target, group = messages[i]
         first = group[0]
         estimate = kind_of(first.service.kind).estimate_tokens
         tokens = sum(estimate(job.input)[0] for job in group)
         per_job = max(1.0, tokens / len(group))
         charges.append(
             fair_share.Charge(
-                queue=destination(first).queue,
+                queue=target.queue,
                 tenant_id=first.tenant_id,
                 tokens=tokens,
                 weight=plan_weight(plans.get(first.tenant_id, "")),
@@ -383,5 +383,5 @@ def republish_unpublished(older_than_s: float = 10.0) -> int:
     cutoff = timezone.now() - timezone.timedelta(seconds=older_than_s)
     stale = Job.objects.filter(
         status=JobStatus.QUEUED, published_at__isnull=True, created_at__lt=cutoff
-    ).select_related("service", "route__backend")[:1000]
+    ).select_related("service", "tenant", "route__backend")[:1000]
     return publish_many(list(stale))

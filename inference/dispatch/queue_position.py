@@ -144,11 +144,11 @@ def _own_run_s(service: Service, tokens: int, per_job_s: float) -> float:
 
 
 def _cooling_down(job: Job) -> bool:
-    route = getattr(job, "route", None)
-    if route is None:
+    backend = job.current_backend()
+    if backend is None:
         return False
     try:
-        return RateLimitTracker(shared_redis()).status(route.backend).cooling_down
+        return RateLimitTracker(shared_redis()).status(backend).cooling_down
     except redis.RedisError:
         return False  # a statistic: no answer means no cooldown shown
 

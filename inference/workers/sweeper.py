@@ -53,7 +53,7 @@ def recover_stale_claims(now=None) -> int:
         status=JobStatus.RUNNING,
         is_bulk=False,
         claimed_at__lt=now - timedelta(seconds=STALE_CLAIM_FLOOR_S),
-    ).select_related("service", "route__backend")
+    ).select_related("service", "tenant", "route__backend")
     for job in running[:1000]:
         stale_after = max(STALE_CLAIM_FLOOR_S, 10 * job.service.inference_timeout)
         if job.claimed_at > now - timedelta(seconds=stale_after):
@@ -82,7 +82,7 @@ def republish_lost_messages(now=None, *, lost_after_s: float = LOST_MESSAGE_AFTE
             status=JobStatus.QUEUED,
             is_bulk=False,
             published_at__lt=now - timedelta(seconds=lost_after_s),
-        ).select_related("service", "route__backend")[:1000]
+        ).select_related("service", "tenant", "route__backend")[:1000]
     )
     if not waiting:
         return 0
@@ -172,7 +172,7 @@ def _publish_moved(ids: list) -> int:
         # goes to the queue of the tier it was moved to last.
         jobs = Job.objects.filter(
             pk__in=ids[first : first + PROMOTION_CHUNK], status=JobStatus.QUEUED
-        ).select_related("service", "route__backend")
+        ).select_related("service", "tenant", "route__backend")
         promoted += publish_many(list(jobs.order_by("created_at")))
     return promoted
 

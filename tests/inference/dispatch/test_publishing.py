@@ -140,7 +140,7 @@ def test_a_publish_that_fails_at_submission_leaves_the_job_to_the_outbox(
     purge_test_queues(service_queues("outbox-submit"))
     tenant, _ = make_tenant()
     with monkeypatch.context() as broker_down:
-        broker_down.setattr(publishing, "_send", lambda jobs, tag: False)
+        broker_down.setattr(publishing, "_send", lambda target, jobs, tag: False)
         job = submit_job(tenant=tenant, service_name="outbox-submit", payload={"texts": ["x"]})
     job.refresh_from_db()
     assert job.status == JobStatus.QUEUED and job.published_at is None
