@@ -7,7 +7,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: demo test bench venv services db fixtures setup browser lint worker web flower clean chaos fuzz
+.PHONY: demo test bench venv services db fixtures setup browser lint worker web flower clean chaos fuzz cluster
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -65,6 +65,18 @@ chaos: setup
 	  $(PY) -m pytest tests/chaos -m "chaos or chaos_full" -p no:cacheprovider -q; \
 	  status=$$?; cat .run/chaos-report.txt 2>/dev/null; exit $$status
 
+# Faults across hosts (tests/cluster: each host a network namespace the test makes; needs
+# root, else the tests skip): the reduced forms run in `make test`; this runs the full forms
+# and prints the report. Own database, queues and Redis db by default.
+CLUSTER_ENV = RENQ_TEST_DATABASE=$${RENQ_TEST_DATABASE:-renq_test_cluster} \
+	RENQ_TEST_QUEUE_PREFIX=$${RENQ_TEST_QUEUE_PREFIX:-clustertest.} \
+	RENQ_TEST_REDIS_URL=$${RENQ_TEST_REDIS_URL:-redis://127.0.0.1:6379/9}
+cluster: setup
+	rm -f .run/cluster-report.txt
+	$(CLUSTER_ENV) RENQ_CLUSTER_FULL=1 \
+	  $(PY) -m pytest tests/cluster -m "cluster or cluster_full" -p no:cacheprovider -q; \
+	  status=$$?; cat .run/cluster-report.txt 2>/dev/null; exit $$status
+
 # schemathesis against /api/schema/ (a real gunicorn, authenticated as a tenant), with many
 # more cases than the test in `make test`; prints the report and the number of cases.
 fuzz: setup
@@ -90,7 +102,7 @@ web: setup
 	$(VENV)/bin/gunicorn renq_site.asgi:application -k uvicorn_worker.UvicornWorker -b 127.0.0.1:8000 -w 2
 worker: setup
 	$(VENV)/bin/celery -A renq_site worker -l info --concurrency 1 \
-	  -Q embedding.realtime,embedding.api,embedding.batch,embedding.offline,embedding.bulk
+	  -Q embedding.realtime,embedding.api,embedding.batch,embedding.offline
 flower: venv
 	@test -n "$${FLOWER_BASIC_AUTH:-}" || { echo "FLOWER_BASIC_AUTH is not set:" \
 	  "export FLOWER_BASIC_AUTH=user:password (the login for Flower's pages and API)"; exit 1; }

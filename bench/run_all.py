@@ -10,6 +10,8 @@ submit_profile.txt). Scenarios, in order:
   for several (batch_size, batch_timeout);
 - noop: the stack's own cost with the no-op model: jobs/s and CPU ms per job by process, one
   job per POST and 100 per POST (bench/noop_throughput.py);
+- tracing: CPU ms per job with OpenTelemetry tracing off and on, every span exported over
+  OTLP (bench/tracing_cost.py, no-op model);
 - profile: pyinstrument profile of single-job POSTs in-process (bench/submit_profile.py);
 - bulk: a 10,000-text bulk job vs the raw model (bench/bulk.py);
 - priority: saturation with P0-P3 traffic, with and without the preemption budget, and two
@@ -61,6 +63,7 @@ from bench import (  # noqa: E402
     result_bytes,
     submit_profile,
     tenants,
+    tracing_cost,
 )
 from bench.common import (  # noqa: E402
     MODEL_REF,
@@ -90,6 +93,7 @@ SCENARIOS = (
     "e2e",
     "pools",
     "noop",
+    "tracing",
     "profile",
     "bulk",
     "priority",
@@ -598,6 +602,8 @@ def main() -> int:
             scenario_pools(results, args.quick)
     if "noop" in which:
         results["noop"] = noop_throughput.run(quick=args.quick, pool=args.noop_pool)
+    if "tracing" in which:
+        results["tracing"] = tracing_cost.run(quick=args.quick)
     if "profile" in which:
         print("== submit path profile (pyinstrument, in-process)", flush=True)
         results["submit_profile"] = submit_profile.run(

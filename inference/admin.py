@@ -18,14 +18,13 @@ from inference.dispatch.queue_position import (
     ACTIVE_STATUSES,
     ESTIMATED_TOKENS,
     WAIT_REASONS,
-    WAITING_TIER,
-    queue_allowance,
-    service_depth,
+    queue_full_for,
     tenants_at_quota,
     wait_reasons,
 )
 from inference.intake.submission import cancel_job, requeue_dead_lettered
 from inference.jobs.tiers import TIER_ORDER
+from inference.metrics.queue_depth import WAITING_TIER, tenant_depths
 from inference.models import ApiKey, AuditEvent, Job, JobStatus, Service, Tenant
 
 admin.site.site_header = "renq administration"
@@ -255,7 +254,7 @@ def _pct(part: float, whole: float) -> float:
 
 def service_queue_lines(service: Service, now: datetime) -> list[QueueLine]:
     """Queued and running work of a service by tier queue and tenant, each line with the reasons
-    its jobs wait: three GROUP BYs and a count, whatever the backlog."""
+    its jobs wait: a few GROUP BYs, whatever the backlog."""
     rows = list(
         Job.objects.filter(service=service, status__in=ACTIVE_STATUSES, is_bulk=False)
         .annotate(waiting_tier=WAITING_TIER)
@@ -267,11 +266,10 @@ def service_queue_lines(service: Service, now: datetime) -> list[QueueLine]:
             oldest=Min("created_at", filter=Q(status=JobStatus.QUEUED)),
         )
     )
-    # Admission's own counts: the service's queued jobs, and each tenant's queued and running
-    # jobs on every service (bulk pieces aside), against its max_running_jobs.
-    depth = service_depth(service)
+    # Admission's own counts: the service's queued jobs by tenant, and each tenant's queued
+    # and running jobs on every service (bulk pieces aside), against its max_running_jobs.
+    depths = tenant_depths(service)
     at_quota = tenants_at_quota({row["tenant_id"] for row in rows})
-    limit = service.max_queue_size
     tenants_by_tier: dict[str, set[int]] = {}
     for row in rows:
         if row["queued"]:
@@ -285,7 +283,7 @@ def service_queue_lines(service: Service, now: datetime) -> list[QueueLine]:
         reasons = []
         if row["queued"]:
             reasons = wait_reasons(
-                queue_full=bool(limit) and depth >= queue_allowance(service, tier),
+                queue_full=queue_full_for(service, row["tenant_id"], tier, depths),
                 at_quota=row["tenant_id"] in at_quota,
                 higher_tiers_waiting=any(rank[other] < rank[tier] for other in queued_tiers),
                 other_tenants_waiting=bool(tenants_by_tier[tier] - {row["tenant_id"]}),

@@ -12,10 +12,18 @@ class InferenceConfig(AppConfig):
         # own receivers when imported.
         from inference.config.plans import plan_weight
         from inference.delivery import waiting
-        from inference.intake import audit, lookups  # noqa: F401
+        from inference.dispatch.scaling import ScalingCollector
+        from inference.intake import audit, bulk, lookups  # noqa: F401
         from inference.jobs import signals
-        from inference.metrics import fairness, receivers
+        from inference.metrics import collector, fairness, receivers
+        from renq_site import health
+        from routing.config import live_backend_warnings
 
         receivers.connect()
         fairness.use_plan_weights(plan_weight)
+        collector.add_state_collector(ScalingCollector())
         signals.jobs_finished.connect(waiting.on_jobs_finished, dispatch_uid="renq-wake-waiters")
+        # A bulk job is finished by whoever stores its last piece.
+        signals.outcomes_stored.connect(bulk.on_outcomes_stored, dispatch_uid="renq-finish-bulks")
+        # /readyz names the backends that can never be chosen (a key variable unset).
+        health.add_warning_source(live_backend_warnings)

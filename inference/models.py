@@ -244,6 +244,12 @@ class Job(models.Model):
     claimed_at = models.DateTimeField(
         null=True, blank=True, help_text="When a worker claimed the job (its batch opened)."
     )
+    lease_expires_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        help_text="Until when the worker's claim holds: renewed while the worker holds the "
+        "job; once it lapses the job is taken over and run elsewhere.",
+    )
     started_at = models.DateTimeField(
         null=True, blank=True, help_text="When the forward pass that ran the job began."
     )
@@ -324,6 +330,12 @@ class Job(models.Model):
                 fields=["parent"],
                 condition=models.Q(parent__isnull=False),
                 name="inference_job_bulk_pieces",
+            ),
+            # Lease renewal (by worker) and takeover (lapsed leases) read the running jobs.
+            models.Index(
+                fields=["worker", "lease_expires_at"],
+                condition=models.Q(status="running"),
+                name="inference_job_running_leases",
             ),
             # Aging and expiry read queued jobs by tier and age every second; finished jobs
             # outnumber them more every day, so the index holds the queued ones alone.

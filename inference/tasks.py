@@ -1,10 +1,9 @@
-"""Celery tasks: thin wrappers over the workers (inference.workers) and bulk assembly.
+"""Celery tasks: thin wrappers over the workers (inference.workers).
 
 | task                     | queue                          | process    |
 |--------------------------|--------------------------------|------------|
-| inference.run_job        | <service>.<tier>, <service>.bulk | GPU worker |
+| inference.run_job        | <service>.<tier>               | GPU worker |
 | inference.call_backend   | io.<tier>                      | I/O worker |
-| inference.finish_bulk / fail_bulk | <service>.bulk        | GPU worker |
 | inference.sweep          | renq.control (beat)            | control    |
 """
 
@@ -21,13 +20,17 @@ from django.db import DatabaseError, InterfaceError, close_old_connections
 
 from inference.config.tiers import tier_policies
 from inference.dispatch import fair_share
-from inference.intake.bulk import fail_bulk, finish_bulk, retry_failed_piece
 from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.workers.cloud import run_cloud_attempt
 from inference.workers.cpu_pinning import keep_off_model_cores
 from inference.workers.gpu.runner import BatchRunner
 from inference.workers.io_turns import IoTurns
-from inference.workers.sweeper import expire_overdue, promote_waiting_jobs, sweep_jobs
+from inference.workers.sweeper import (
+    expire_overdue,
+    promote_waiting_jobs,
+    sweep_jobs,
+    take_over_lapsed_leases,
+)
 from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool, message_job_ids
 from inference.workers.warmup import warm_engines_for_consumed_queues
 from renq_site.celery import app
@@ -87,9 +90,6 @@ def run_job(self, job_id: str | list[str]) -> dict:
         )
     except INFRASTRUCTURE_ERRORS as exc:
         raise _requeue_after_outage(exc) from exc
-    # A failed piece of a bulk job (a chord member) is retried alone, not the whole bulk.
-    if report["seed_failed"] and self.request.chord and retry_failed_piece(job_id):
-        raise self.retry(countdown=1, max_retries=None)
     return report
 
 
@@ -117,19 +117,14 @@ def call_backend(self, job_id: str, backend_id: int) -> dict:
         raise _requeue_after_outage(exc) from exc
 
 
-@shared_task(name="inference.finish_bulk")
-def finish_bulk_task(parent_id: str) -> str:
-    return finish_bulk(parent_id)
-
-
-@shared_task(name="inference.fail_bulk")
-def fail_bulk_task(parent_id: str) -> None:
-    fail_bulk(parent_id)
-
-
 @shared_task(name="inference.sweep")
 def sweep() -> dict:
     return sweep_jobs()
+
+
+@shared_task(name="inference.take_over")
+def take_over() -> int:
+    return take_over_lapsed_leases()
 
 
 @shared_task(name="inference.expire")

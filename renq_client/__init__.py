@@ -150,7 +150,8 @@ class RenqClient:
         return self._request("GET", f"jobs/{job_id}").json()
 
     def cancel(self, job_id: str) -> dict:
-        return self._request("DELETE", f"jobs/{job_id}").json()
+        """Cancel a queued job; returns the job (RenqError 409 once a worker started it)."""
+        return self._request("POST", f"jobs/{job_id}/cancel").json()
 
     def wait(self, job_id: str, *, timeout_s: float = 300.0, poll_s: float = 0.1) -> dict:
         """The job once final (succeeded, failed, expired, cancelled)."""

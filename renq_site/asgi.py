@@ -1,9 +1,10 @@
 """ASGI entry point: `gunicorn renq_site.asgi:application -k uvicorn_worker.UvicornWorker`.
 
-/v1/ (the OpenAI-compatible front door, async views that wait for jobs) goes to its own
-handler with no middleware and no per-request thread; everything else (the REST API, admin,
-docs, probes) to Django's handler on a few long-lived request threads per process
-(renq_site.request_lanes), which keep their PostgreSQL connections between requests.
+/v1/ (the OpenAI-compatible front door, async views that wait for jobs) and the front door's
+other rerank paths (/v2/rerank, /rerank) go to its own handler with no middleware and no
+per-request thread; everything else (the REST API, admin, docs, probes) to Django's handler on
+a few long-lived request threads per process (renq_site.request_lanes), which keep their
+PostgreSQL connections between requests.
 """
 
 import os
@@ -15,22 +16,28 @@ django.setup(set_prefix=False)  # before the handlers' imports load models
 
 import renq_site.urls  # noqa: E402, F401  (the views load now, not on the first request)
 from inference.openai_api.asgi import FrontDoorHandler  # noqa: E402
+from renq_site import tracing  # noqa: E402
 from renq_site.garbage_collection import freeze_startup_objects  # noqa: E402
 from renq_site.request_lanes import LanedASGIHandler  # noqa: E402
+
+tracing.configure()  # before the handlers load their middleware (Django's tracing is one)
 
 # Connections stay open (CONN_MAX_AGE) on a bounded set of threads per process: the lanes
 # here and the front door's database threads (inference/openai_api/db.py).
 django_application = LanedASGIHandler()
 
 FRONT_DOOR_PREFIX = "/v1/"
-front_door = FrontDoorHandler()
+# Cohere v2's and TEI's rerank paths, outside /v1/ as their clients call them.
+FRONT_DOOR_PATHS = frozenset({"/v2/rerank", "/rerank"})
+front_door = tracing.asgi_app(FrontDoorHandler())
 
 # Last: what the process loaded to serve lives as long as it does.
 freeze_startup_objects()
 
 
 async def application(scope, receive, send):
-    if scope["type"] == "http" and scope["path"].startswith(FRONT_DOOR_PREFIX):
+    path = scope.get("path", "")  # lifespan scopes have none
+    if scope["type"] == "http" and (path.startswith(FRONT_DOOR_PREFIX) or path in FRONT_DOOR_PATHS):
         await front_door(scope, receive, send)
     else:
         await django_application(scope, receive, send)

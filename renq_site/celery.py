@@ -5,6 +5,7 @@ inference.dispatch.queues. Each setting says why beside it."""
 import os
 
 from celery import Celery
+from celery.signals import worker_init
 from django.conf import settings
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
@@ -12,7 +13,10 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
 # The queue topology (names, max priority) is defined once, in inference.dispatch.queues; it
 # needs only settings, not the app registry, so importing it here is safe before Django is set up.
 from inference.dispatch import queues  # noqa: E402
-from renq_site import log_format  # noqa: E402, F401 (RENQ_LOG_FORMAT=json in workers too)
+from renq_site import (
+    log_format,  # noqa: E402, F401 (RENQ_LOG_FORMAT=json in workers too)
+    tracing,  # noqa: E402
+)
 
 app = Celery("renq_site")
 app.config_from_object("django.conf:settings", namespace="CELERY")
@@ -23,6 +27,9 @@ app.conf.update(
     task_reject_on_worker_lost=True,
     # One unacked message per consumer: anything prefetched is out of RabbitMQ's priority order.
     worker_prefetch_multiplier=1,
+    # A pool process loads its models before it reports up (worker_process_init): on a busy
+    # host that takes longer than Celery's 4 s, and the parent would kill it over and over.
+    worker_proc_alive_timeout=120,
     # Without confirms RabbitMQ may drop publishes silently under memory/disk alarms (celery#5410).
     broker_transport_options={"confirm_publish": True},
     broker_connection_retry_on_startup=True,
@@ -59,6 +66,12 @@ app.conf.update(
             "schedule": settings.RENQ_EXPIRE_INTERVAL_S,
             "options": {"expires": settings.RENQ_EXPIRE_INTERVAL_S * 2},
         },
+        # A hung or cut-off worker's claims are taken over as soon as their leases lapse.
+        "take-over-lapsed-leases": {
+            "task": "inference.take_over",
+            "schedule": settings.RENQ_LEASE_CHECK_INTERVAL_S,
+            "options": {"expires": settings.RENQ_LEASE_CHECK_INTERVAL_S * 2},
+        },
         # Aging across all workers: a job past its tier's threshold is re-published a tier up.
         "promote-waiting": {
             "task": "inference.promote",
@@ -74,5 +87,14 @@ app.conf.update(
 # closes unusable or obsolete ones (CONN_MAX_AGE, health checks) at each task start, as
 # Django does per request.
 app.conf["CELERY_DB_REUSE_MAX"] = 1000
+
+
+@worker_init.connect
+def _start_tracing(**_kwargs) -> None:
+    """Before the pool starts: prefork children inherit the instrumentation (the SDK restarts
+    its export thread in each), thread pools share it."""
+    tracing.configure()
+
+
 # Every installed app's tasks.py: inference's and the Batch API's (inference.batch_api).
 app.autodiscover_tasks()

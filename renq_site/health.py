@@ -3,7 +3,8 @@
 `/healthz` says only that this process answers HTTP (restart it if not). `/readyz` says whether
 it can do its work: PostgreSQL, RabbitMQ and Redis answer and every migration is applied (send
 it no traffic if not). Neither needs credentials, and `/readyz` answers 200 or 503, never 500,
-within READY_DEADLINE_S however a dependency fails.
+within READY_DEADLINE_S however a dependency fails. Its `warnings` name what an operator should
+fix that leaves the process ready (e.g. a backend whose API key variable is unset).
 """
 
 from __future__ import annotations
@@ -25,6 +26,24 @@ READY_DEADLINE_S = 4.0
 CONNECT_TIMEOUT_S = 2.0
 
 Check = Callable[[], None]
+# Conditions worth an operator's eye that leave this process ready, each giving its lines. The
+# apps add theirs (AppConfig.ready), so renq_site imports none of them.
+WARNING_SOURCES: list[Callable[[], list[str]]] = []
+
+
+def add_warning_source(source: Callable[[], list[str]]) -> None:
+    if source not in WARNING_SOURCES:
+        WARNING_SOURCES.append(source)
+
+
+def current_warnings() -> list[str]:
+    warnings: list[str] = []
+    for source in WARNING_SOURCES:
+        try:
+            warnings.extend(source())
+        except Exception as exc:  # noqa: BLE001 - a warning's failure must not fail the probe
+            warnings.append(f"{getattr(source, '__name__', source)}: {type(exc).__name__}: {exc}")
+    return warnings
 
 
 def check_database() -> None:
@@ -120,7 +139,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
 def readyz(request: HttpRequest) -> JsonResponse:
     checks = run_checks(CHECK_GROUPS)
     ready = all(outcome == "ok" for outcome in checks.values())
+    # The warnings read the database: only when it answered (and within its deadline).
+    warnings = current_warnings() if checks.get("database") == "ok" else []
     return JsonResponse(
-        {"status": "ok" if ready else "unavailable", "checks": checks},
+        {"status": "ok" if ready else "unavailable", "checks": checks, "warnings": warnings},
         status=200 if ready else 503,
     )

@@ -152,12 +152,24 @@ RENQ_RESULT_CACHE_TTL_S = float(os.environ.get("RENQ_RESULT_CACHE_TTL_S", "86400
 # How long a service's (or the I/O) queues may have no consumer before their jobs are handed
 # to the next fallback: longer than a worker restart with its model load.
 RENQ_STRANDED_AFTER_S = float(os.environ.get("RENQ_STRANDED_AFTER_S", "30"))
+# The most of one tenant's queued jobs (a share of max_queue_size) that count against another
+# tenant's room at admission: one tenant's flood or bulk job cannot lock the others out.
+RENQ_TENANT_QUEUE_SHARE = float(os.environ.get("RENQ_TENANT_QUEUE_SHARE", "0.25"))
 # Seconds between expiry passes (queue_timeout, total_timeout, deadline_ms while jobs wait).
 RENQ_EXPIRE_INTERVAL_S = float(os.environ.get("RENQ_EXPIRE_INTERVAL_S", "1"))
 # Aging: how often jobs waiting past their tier's threshold are promoted (all due at once).
 RENQ_AGING_INTERVAL_S = float(os.environ.get("RENQ_AGING_INTERVAL_S", "1"))
-# Seconds between sweeps (outbox, lost messages, dead claims, stranded jobs, expiry).
+# Seconds between sweeps (outbox, lost messages, stranded jobs, stalled bulks).
 RENQ_SWEEP_INTERVAL_S = float(os.environ.get("RENQ_SWEEP_INTERVAL_S", "10"))
+# A claim is a lease: its worker renews it every RENQ_LEASE_S / 4 while it holds the job, and a
+# lease left to lapse (the host hung, died or was cut off) is taken over by the next check,
+# every RENQ_LEASE_CHECK_INTERVAL_S. Long enough to ride out a stalled disk or a GC pause,
+# short enough that a hung host's jobs finish elsewhere well inside a realtime timeout.
+RENQ_LEASE_S = float(os.environ.get("RENQ_LEASE_S", "12"))
+RENQ_LEASE_CHECK_INTERVAL_S = float(os.environ.get("RENQ_LEASE_CHECK_INTERVAL_S", "2"))
+# A queued job whose message was confirmed this long ago and has not been claimed is checked
+# against its queue, busy or not, and published again if its message is gone.
+RENQ_LOST_MESSAGE_AFTER_S = float(os.environ.get("RENQ_LOST_MESSAGE_AFTER_S", "20"))
 
 # json: JSON lines with job id, tenant, tier and backend where the log call passed them
 # (renq_site.log_format); Celery workers get the same formatter.

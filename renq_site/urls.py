@@ -35,6 +35,8 @@ urlpatterns = [
             )
         ),
     ),
+    # Cohere v2's /v2/rerank and TEI's /rerank: the front door's other rerank shapes.
+    *openai_api_urls.root_urlpatterns,
     path(
         "api/schema/",
         SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),

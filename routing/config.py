@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable
 from decimal import Decimal
 from typing import Any
 
@@ -127,3 +128,19 @@ def load_routing_config(data: dict) -> dict[str, int]:
             )
             entries += 1
     return {"backends": len(backends), "routes": len(routes), "entries": entries}
+
+
+def backend_warnings(backends: Iterable[Backend]) -> list[str]:
+    """One line per enabled backend that can serve no job as configured in this environment
+    (e.g. its API key variable is unset): the router never chooses it, not even as a last
+    resort. Worth a warning, not an error: the others still serve."""
+    return [
+        f"backend {backend.name}: unusable, never chosen: {why}"
+        for backend in backends
+        if backend.enabled and (why := backend.adapter().misconfiguration())
+    ]
+
+
+def live_backend_warnings() -> list[str]:
+    """`backend_warnings` of the live configuration (/readyz)."""
+    return backend_warnings(Backend.objects.filter(enabled=True))

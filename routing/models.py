@@ -62,7 +62,10 @@ class Backend(models.Model):
         help_text='Service kinds this backend can serve, e.g. ["embedding", "llm"].',
     )
     max_context_tokens = models.PositiveIntegerField(
-        default=8192, help_text="Largest job (estimated input + output tokens) it accepts."
+        default=8192,
+        help_text="Longest single input it accepts, in estimated tokens: an embedding text, a "
+        "query with one document, a prompt with its completion. A local backend's model "
+        "truncates each input at its own max length.",
     )
     cost_per_1k_input = models.DecimalField(
         max_digits=12,
@@ -118,9 +121,6 @@ class Backend(models.Model):
 
     def api_key(self) -> str:
         return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
-
-    def can_serve(self, service_kind: str, tokens: int) -> bool:
-        return service_kind in (self.service_kinds or []) and tokens <= self.max_context_tokens
 
     def cost_of(self, input_tokens: int, output_tokens: int) -> Decimal:
         return (

@@ -1,8 +1,9 @@
 """What the router needs to know about one job, handed in by the caller.
 
 routing knows nothing of jobs: the job's lifecycle (inference) describes the job as a
-`RoutingRequest` — its service, kind, tier, estimated tokens — and gives a `WorkerProbe` that
-answers, only if asked, whether workers are there and how long the local ones would take.
+`RoutingRequest` — its service, kind, tier, estimated tokens, its longest sequence — and
+gives a `WorkerProbe` that answers, only if asked, whether workers are there and how long the
+local ones would take.
 """
 
 from __future__ import annotations
@@ -48,7 +49,19 @@ class RoutingRequest:
     input_tokens: int
     output_tokens: int
     workers: WorkerProbe
+    # The longest single sequence one model call reads, as sent (an embedding text, the query
+    # with one document, a prompt with its completion): what a backend's context must hold.
+    # None: the whole job is one sequence.
+    longest_sequence_tokens: int | None = None
+    # The service's own model truncates each sequence at this many tokens (encoders do), so
+    # the local workers read no more of a longer one; None when it does not truncate.
+    local_truncation_tokens: int | None = None
 
     @property
     def tokens(self) -> int:
         return self.input_tokens + self.output_tokens
+
+    @property
+    def sequence_tokens(self) -> int:
+        """The longest sequence as sent, which a backend that does not truncate must hold."""
+        return self.tokens if self.longest_sequence_tokens is None else self.longest_sequence_tokens

@@ -2,11 +2,14 @@
 
 The caller describes the job as a `RoutingRequest` (routing knows nothing of jobs).
 
-1. Candidates: the route's enabled backends that can serve the job (service kind, estimated
-   tokens ≤ max_context_tokens) and are healthy (not cooling down after a 429, breaker not
-   open, rate-limit headroom left, upstream's remaining quota not 0, and whatever its adapter
-   requires: a GPU worker consuming the service's queues for the local backend, the API key's
-   variable set for a cloud one).
+1. Candidates: the route's enabled backends configured to serve the job (its service kind,
+   its longest sequence within max_context_tokens — the local model truncates each sequence
+   at its own max length —, and for a cloud backend the API key's variable set) and healthy
+   (not cooling down after a 429, breaker not open, rate-limit headroom left, upstream's
+   remaining quota not 0, and a worker to carry it out: a GPU worker consuming the service's
+   queues for the local backend, an I/O worker for a cloud one). When no backend is
+   configured to serve the job, `choose` raises NoBackendCanServe: the job is refused at the
+   door rather than failed later.
 2. Capacity-aware spill-over: the local backend wins whenever its predicted wait meets the
    job's tier target (`routing.capacity`); cheap local GPU first. Only when it would break the
    target does the job go to the cloud, so realtime spills under a backlog and offline waits.
@@ -53,11 +56,26 @@ PRIOR_CLOUD_LATENCY_S = 0.5
 _GOLDEN = (math.sqrt(5) - 1) / 2
 
 
+class NoBackendCanServe(Exception):
+    """No backend of the route is configured to serve the job (its kind, its size, or a
+    missing API key): it would fail on every one. `reasons`: one per backend; `too_large`:
+    the job's size is what every one refuses."""
+
+    def __init__(self, reasons: Sequence[str], *, too_large: bool = False):
+        self.reasons = list(reasons)
+        self.too_large = too_large
+        super().__init__("no configured backend can serve this job: " + "; ".join(reasons))
+
+
 @dataclass
 class Candidate:
     entry: RouteEntry
     available: bool = True
     why_not: str = ""
+    # Not available as configured (kind, context, missing key): never chosen, not even as
+    # the last resort, whatever its health.
+    unservable: bool = False
+    too_large: bool = False
     headroom: float = 1.0
     latency_s: float = 0.0
     measured_latency_s: float | None = None
@@ -121,14 +139,64 @@ class Router:
 
     # --- health and scores ----------------------------------------------------------------
 
+    @staticmethod
+    def too_large_reason(backend: Backend, request: RoutingRequest) -> str | None:
+        """Why the job's longest input does not fit `backend`'s context window, or None."""
+        context = backend.adapter().context_tokens(request)
+        if context <= backend.max_context_tokens:
+            return None
+        return (
+            f"this job's longest input (~{context} tokens) exceeds its max_context_tokens "
+            f"{backend.max_context_tokens}"
+        )
+
+    @classmethod
+    def unservable_reason(cls, backend: Backend, request: RoutingRequest) -> str | None:
+        """Why `backend` as configured can never serve this job, or None. No Redis, no broker:
+        the kind, the context window and the adapter's configuration only."""
+        if request.service_kind not in (backend.service_kinds or []):
+            return f"does not serve {request.service_kind} jobs"
+        too_large = cls.too_large_reason(backend, request)
+        if too_large:
+            return too_large
+        adapter = backend.adapter()
+        misconfiguration = adapter.misconfiguration()
+        if misconfiguration:
+            return f"misconfigured: {misconfiguration}"
+        return None
+
+    @classmethod
+    def refusal(cls, request: RoutingRequest) -> NoBackendCanServe | None:
+        """NoBackendCanServe when the service has a route and none of its backends is
+        configured to serve this job; None otherwise. Static, as `unservable_reason`."""
+        entries = route_entries(request.service_id)
+        reasons = [
+            (entry.backend, cls.unservable_reason(entry.backend, request)) for entry in entries
+        ]
+        if not entries or any(reason is None for _, reason in reasons):
+            return None
+        return NoBackendCanServe(
+            [f"{backend.name}: {reason}" for backend, reason in reasons],
+            too_large=all(cls.too_large_reason(backend, request) for backend, _ in reasons),
+        )
+
+    def serving_backend_ids(self, request: RoutingRequest) -> frozenset[int]:
+        """The route's backends configured to serve this job (see `unservable_reason`)."""
+        return frozenset(
+            entry.backend_id
+            for entry in route_entries(request.service_id)
+            if self.unservable_reason(entry.backend, request) is None
+        )
+
     def assess(self, entry: RouteEntry, request: RoutingRequest) -> Candidate:
         backend = entry.backend
         candidate = Candidate(entry)
-        if not backend.can_serve(request.service_kind, request.tokens):
+        why_not = self.unservable_reason(backend, request)
+        if why_not:
             candidate.available = False
-            candidate.why_not = (
-                f"cannot serve {request.service_kind} jobs of ~{request.tokens} tokens"
-            )
+            candidate.unservable = True
+            candidate.too_large = self.too_large_reason(backend, request) is not None
+            candidate.why_not = why_not
             return candidate
         state = self.breaker.peek(backend)
         if not state.allowed:
@@ -189,7 +257,8 @@ class Router:
     # --- decisions ------------------------------------------------------------------------
 
     def choose(self, request: RoutingRequest) -> RoutingDecision | None:
-        """None when the service has no enabled route (its jobs run locally, as always)."""
+        """None when the service has no enabled route (its jobs run locally, as always).
+        Raises NoBackendCanServe when no backend of the route is configured to serve it."""
         entries = route_entries(request.service_id)
         if not entries:
             return None
@@ -208,6 +277,11 @@ class Router:
                         local.backend, wait, tier, {local.backend.name: round(wait.wait_s, 6)}
                     )
         candidates = [self.assess(entry, request) for entry in entries]
+        if all(c.unservable for c in candidates):
+            raise NoBackendCanServe(
+                [f"{c.backend.name}: {c.why_not}" for c in candidates],
+                too_large=all(c.too_large for c in candidates),
+            )
         self.score(candidates)
         scores = {c.backend.name: round(c.score, 6) for c in candidates if c.score is not None}
         local = next((c for c in candidates if c.is_local), None)
@@ -253,16 +327,10 @@ class Router:
                 predicted,
                 scores,
             )
-        # Nothing healthy: send it down the cascade from the top; each unavailable backend is
-        # skipped there and the job fails with every reason instead of waiting forever.
-        first = next((c for c in candidates if not c.why_not.startswith("cannot")), None)
-        if first is None:
-            return RoutingDecision(
-                entries[0].backend,
-                f"no backend can serve this job ({_skips(candidates)})",
-                predicted,
-                scores,
-            )
+        # Nothing healthy: send it down the cascade from the first backend that could serve
+        # it; each unavailable one is skipped there, and the job fails with every reason
+        # instead of waiting forever. One that can never serve it is no last resort.
+        first = next(c for c in candidates if not c.unservable)
         return RoutingDecision(
             first.backend,
             f"no backend available ({_skips(candidates)}); trying {first.backend.name}",

@@ -110,13 +110,16 @@ def purge_test_queues(names: list[str] | None = None) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def _outcome_writer_session_closed(django_db_setup, django_db_blocker):
-    """The GPU loop's store thread keeps its Postgres session between batches, as a worker
-    does: close it before the test database is dropped, which an open session would stop."""
+    """The GPU loop's store thread and the lease keeper keep their Postgres sessions, as a
+    worker does: close them before the test database is dropped, which an open session
+    would stop."""
     yield
     from inference.workers.gpu.store_thread import close_outcome_writer_connection
+    from inference.workers.leases import lease_keeper
 
     with django_db_blocker.unblock():
         close_outcome_writer_connection()
+        lease_keeper.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -205,13 +208,15 @@ class WorkerProcess:
         extra_queues: tuple[str, ...] = (),
         pool: str = "prefork",
         wait: bool = True,
+        env: dict[str, str] | None = None,
     ):
         from inference.dispatch.queues import service_queues
 
         # extra_queues/pool: e.g. routing's I/O workers, a thread pool on the io.<tier> queues.
         names = [q for s in services for q in service_queues(s)] + list(extra_queues)
         queues = ",".join(names)
-        env = dict(os.environ)
+        # env: more variables for this worker (e.g. tracing's).
+        env = {**os.environ, **(env or {})}
         env.update(
             DATABASE_URL=f"postgres://postgres@127.0.0.1:5432/{TEST_DB_NAME}",
             RENQ_QUEUE_PREFIX=TEST_QUEUE_PREFIX,

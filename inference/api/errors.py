@@ -51,7 +51,9 @@ class ErrorSerializer(serializers.Serializer):
 ERROR_RESPONSES = {
     code: OpenApiResponse(ErrorSerializer, description=description)
     for code, description in {
-        400: "Invalid input or query parameter; `fields` names the offending field.",
+        400: "Invalid input or query parameter; `fields` names the offending field. "
+        "`context_length_exceeded` / `no_backend_available`: no configured backend can serve "
+        "the job (too large for each, or each misconfigured, e.g. an API key variable unset).",
         401: "No or invalid API key.",
         404: "No such job for this tenant.",
         409: "The job cannot be cancelled in its state.",
@@ -75,7 +77,8 @@ def renq_exception_handler(exc, context):
     if isinstance(exc, InputError):
         return error_response(
             status.HTTP_400_BAD_REQUEST,
-            "invalid_input",
+            # UnservableJob: context_length_exceeded or no_backend_available.
+            getattr(exc, "code", "invalid_input"),
             f"{exc.field}: {exc.message}",
             {exc.field: [exc.message]},
         )

@@ -174,7 +174,8 @@ class JobListCreateView(generics.ListAPIView):
                 field = exc.field if exc.field.startswith("[") else f"[{i}].{exc.field}"
                 results[i] = {
                     "error": {
-                        "code": "invalid_input",
+                        # UnservableJob's code says no configured backend can serve it.
+                        "code": getattr(exc, "code", "invalid_input"),
                         "field": field,
                         "message": f"{field}: {exc.message}",
                     }
@@ -250,17 +251,46 @@ class JobDetailView(APIView):
         job = get_object_or_404(_own_jobs(request).prefetch_related(attempts), pk=job_id)
         return Response(JobSerializer(job, context=context).data)
 
-    @extend_schema(responses={200: JobSerializer, **error_responses(404, 409)})
+    @extend_schema(
+        summary="Cancel a job (the same as POST /jobs/{job_id}/cancel)",
+        description=(
+            "Cancels the job, kept for clients written against it: the job is not deleted. "
+            "It stays readable with status `cancelled`, and the answer is the job, as "
+            "POST /jobs/{job_id}/cancel gives it."
+        ),
+        responses={200: JobSerializer, **error_responses(404, 409)},
+    )
     def delete(self, request, job_id):
-        job = get_object_or_404(_own_jobs(request), pk=job_id)
-        if not cancel_job(job, actor=requested_actor(request)):
-            return error_response(
-                status.HTTP_409_CONFLICT,
-                "not_cancellable",
-                f"job is {job.status}; only queued jobs (and running bulk jobs) can be cancelled.",
-                {"status": [job.status]},
-            )
-        return Response(JobSerializer(job).data)
+        return cancel_response(request, job_id)
+
+
+class JobCancelView(APIView):
+    @extend_schema(
+        operation_id="jobs_cancel",
+        summary="Cancel a job",
+        description=(
+            "Cancels a queued job (a bulk job: its queued pieces) and answers with the job, "
+            "now `cancelled`, as OpenAI's POST /v1/batches/{batch_id}/cancel does. A job a "
+            "worker already started or finished cannot be cancelled (409). Nothing is deleted."
+        ),
+        request=None,
+        responses={200: JobSerializer, **error_responses(404, 409)},
+    )
+    def post(self, request, job_id):
+        return cancel_response(request, job_id)
+
+
+def cancel_response(request, job_id) -> Response:
+    """Cancel the tenant's job: the job (200), or 409 naming its status."""
+    job = get_object_or_404(_own_jobs(request), pk=job_id)
+    if not cancel_job(job, actor=requested_actor(request)):
+        return error_response(
+            status.HTTP_409_CONFLICT,
+            "not_cancellable",
+            f"job is {job.status}; only queued jobs (and running bulk jobs) can be cancelled.",
+            {"status": [job.status]},
+        )
+    return Response(JobSerializer(job).data)
 
 
 class ServiceListView(generics.ListAPIView):

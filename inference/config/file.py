@@ -51,7 +51,13 @@ from inference.config.models import (
 )
 from inference.jobs.tiers import TIER_ORDER, Plan
 from inference.models import Service, ServiceKind
-from routing.config import BACKEND_FIELDS, SECRET_FIELDS, ConfigError, expand_env
+from routing.config import (
+    BACKEND_FIELDS,
+    SECRET_FIELDS,
+    ConfigError,
+    backend_warnings,
+    expand_env,
+)
 from routing.config import load_routing_config as apply_routing_config
 from routing.models import Backend, Route
 
@@ -514,6 +520,17 @@ def _routing_data(backends: dict, routes: dict) -> dict:
             for service, spec in routes.items()
         ],
     }
+
+
+def file_backend_warnings(doc: ConfigDocument) -> list[str]:
+    """The file's backends that could never be chosen in this environment (an API key
+    variable unset): warnings, since the other backends still serve."""
+    columns = backend_fields()
+    backends = [
+        Backend(name=name, **{f.name: expand_env(spec.get(f.name, _default(f))) for f in columns})
+        for name, spec in (doc.data.get("backends") or {}).items()
+    ]
+    return backend_warnings(backends)
 
 
 def _apply_tiers(section: dict) -> int:

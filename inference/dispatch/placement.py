@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from django.db import transaction
 from django.db.models import Q
 
+from inference.config.model_files import encoder_max_tokens
 from inference.config.models import DEFAULT_TARGET_WAIT_S
 from inference.config.tiers import current_tier_policies
 from inference.dispatch import queues
 from inference.dispatch.broker import consumer_count
 from inference.dispatch.publishing import publish_on_commit
-from inference.jobs.kinds import kind_of
+from inference.jobs.inputs import UnservableJob
+from inference.jobs.kinds import TokenEstimate, kind_of
 from inference.jobs.tiers import TIER_ORDER, Tier
 from inference.models import Job, JobStatus, Service
 from routing.backends.base import BackendError
@@ -32,7 +34,7 @@ from routing.capacity import local_throughput
 from routing.cascade import FallbackCascade
 from routing.models import Backend, JobRoute
 from routing.request import LocalWait, RoutingRequest
-from routing.router import Router, RoutingDecision
+from routing.router import NoBackendCanServe, Router, RoutingDecision
 
 
 def tier_target_s(service: Service, tier: str) -> float:
@@ -111,18 +113,47 @@ class ServiceWorkerProbe:
         )
 
 
+def model_max_tokens(service: Service) -> int | None:
+    """The longest sequence the service's model reads, for the kinds whose engine truncates
+    to it (encoders); None for the others."""
+    if not kind_of(service.kind).truncates_to_model_length:
+        return None
+    return encoder_max_tokens(service.model_ref)
+
+
+def token_estimate(service: Service, payload: dict) -> TokenEstimate:
+    """A job's tokens as the service's model reads them (each sequence truncated at its max
+    length), estimated before a tokenizer has seen them."""
+    return kind_of(service.kind).estimate_tokens(payload, model_max_tokens(service))
+
+
 def routing_request(job: Job) -> RoutingRequest:
-    service = job.service
-    input_tokens, output_tokens = kind_of(service.kind).estimate_tokens(job.input)
+    return routing_request_for(job.service, job.tier, job.input)
+
+
+def routing_request_for(service: Service, tier: str, payload: dict) -> RoutingRequest:
+    estimate = token_estimate(service, payload)
     return RoutingRequest(
         service_id=service.pk,
         service_name=service.name,
         service_kind=service.kind,
-        tier=job.tier,
-        input_tokens=input_tokens,
-        output_tokens=output_tokens,
-        workers=ServiceWorkerProbe(service, job.tier),
+        tier=tier,
+        input_tokens=estimate.input_tokens,
+        output_tokens=estimate.output_tokens,
+        workers=ServiceWorkerProbe(service, tier),
+        longest_sequence_tokens=kind_of(service.kind).longest_sequence_tokens(payload),
+        local_truncation_tokens=model_max_tokens(service),
     )
+
+
+def check_servable(service: Service, tier: str, payload: dict) -> None:
+    """UnservableJob (a 400 naming every backend's reason) when the service has a route and no
+    backend of it is configured to serve this input: too large for each, or each
+    misconfigured. Static (the configuration, no health): a job refused here would only have
+    failed later."""
+    refusal = Router.refusal(routing_request_for(service, tier, payload))
+    if refusal is not None:
+        raise UnservableJob(refusal.reasons, too_large=refusal.too_large)
 
 
 def record_decision(job: Job, decision: RoutingDecision) -> JobRoute:
@@ -142,16 +173,22 @@ def record_decision(job: Job, decision: RoutingDecision) -> JobRoute:
 
 def routes_on_submit(jobs: Sequence[Job], router: Router | None = None) -> list[JobRoute]:
     """Choose each new job's backend and why (the JobRoute rows to insert with the jobs; none
-    for a service without a route). Jobs of one request that share service and tier share one
-    decision. Decided before the submitting transaction, which then holds its lock for the
-    INSERTs alone."""
+    for a service without a route). Jobs of one request that share service, tier and the
+    backends able to serve them share one decision. Decided before the submitting
+    transaction, which then holds its lock for the INSERTs alone. UnservableJob when no
+    configured backend can serve a job (`check_servable` refuses it earlier; the
+    configuration may have changed since)."""
     router = router or Router()
-    decisions: dict[tuple[int, str], RoutingDecision | None] = {}
+    decisions: dict[tuple[int, str, frozenset[int]], RoutingDecision | None] = {}
     routes = []
     for job in jobs:
-        key = (job.service_id, job.tier)
+        request = routing_request(job)
+        key = (job.service_id, job.tier, router.serving_backend_ids(request))
         if key not in decisions:
-            decisions[key] = router.choose(routing_request(job))
+            try:
+                decisions[key] = router.choose(request)
+            except NoBackendCanServe as exc:
+                raise UnservableJob(exc.reasons, too_large=exc.too_large) from exc
         decision = decisions[key]
         if decision is None or decision.backend is None:
             # Cache "no route" on the job: the publish after commit knows it without a query.

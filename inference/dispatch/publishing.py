@@ -1,8 +1,8 @@
 """The one way a job's dispatch message reaches RabbitMQ, always after its row is committed.
 
-Where the message goes is decided by the job alone (`destination`): a bulk piece to its
-service's bulk queue, a job whose current backend runs on the GPU workers to its service's
-tier queue, a job routed to a cloud API to the I/O queue of its tier. The outbox sweep and every
+Where the message goes is decided by the job alone (`destination`): a job whose current backend
+runs on the GPU workers to its service's tier queue, a job routed to a cloud API to the I/O
+queue of its tier; a bulk job's pieces likewise, each by its own route. The outbox sweep and every
 recovery publish through the same function, so a republished job goes where its backend is.
 """
 
@@ -17,16 +17,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import amqp
-from celery import chord, signature
 from celery.utils.nodenames import anon_nodename
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 from kombu import Connection
+from opentelemetry.trace import SpanKind
 
 from inference.config.plans import plan_weight
 from inference.dispatch import fair_share, queues
 from inference.jobs.kinds import kind_of
 from inference.models import Job, JobStatus, Tenant
+from renq_site import tracing
 from renq_site.celery import app
 from routing.backends import Placement
 
@@ -34,8 +35,6 @@ logger = logging.getLogger(__name__)
 
 RUN_JOB_TASK = "inference.run_job"
 CALL_BACKEND_TASK = "inference.call_backend"
-FINISH_BULK_TASK = "inference.finish_bulk"
-FAIL_BULK_TASK = "inference.fail_bulk"
 # Never consumed by renq: the message is the record (`renq.dead`, inspect it with RabbitMQ).
 DEAD_LETTER_TASK = "inference.dead_letter"
 # Jobs one dispatch message carries (jobs submitted together, bound for one tier queue): an
@@ -58,10 +57,6 @@ class Destination:
 
 
 def destination(job: Job) -> Destination:
-    if job.parent_id is not None:
-        return Destination(
-            RUN_JOB_TASK, (str(job.pk),), queues.bulk_queue(job.service.name), job.message_priority
-        )
     backend = job.current_backend()
     # The tier queue it waits in: its own, or the one aging promoted it to.
     tier = job.serving_tier or job.tier
@@ -131,8 +126,14 @@ class _ConfirmChannel:
             # service no worker has started yet waits in its queue instead of being dropped.
             app.amqp.queues[queue](self._channel).declare()
             self._declared.add(queue)
+        # Mandatory: a queue deleted since it was declared here (the broker lost it) returns
+        # the message instead of dropping it, and the failure redeclares it on a new channel.
         self._channel.basic_publish_confirm(
-            message, exchange="", routing_key=queue, confirm_timeout=CONFIRM_TIMEOUT_S
+            message,
+            exchange="",
+            routing_key=queue,
+            mandatory=True,
+            confirm_timeout=CONFIRM_TIMEOUT_S,
         )
 
     def close(self) -> None:
@@ -173,6 +174,7 @@ def task_message(
         "stamps": {},
         **(extra_headers or {}),
     }
+    tracing.inject(headers)  # the publish span's context, for the worker's spans of its jobs
     body = json.dumps([args, {}, _NO_CANVAS])
     return amqp.Message(
         body,
@@ -200,14 +202,16 @@ def publish_task(
 
 
 def _send(target: Destination, jobs: Sequence[Job], tag: fair_share.Tag | None) -> bool:
-    args = list(target.args) if len(jobs) == 1 else [[str(job.pk) for job in jobs]]
+    job_ids = [str(job.pk) for job in jobs]
+    args = list(target.args) if len(jobs) == 1 else [job_ids]
     priority, headers = target.priority, None
     if tag is not None:
         priority, headers = tag.priority, {fair_share.START_TAG_HEADER: tag.start}
     try:
-        publish_task(
-            target.task, args, queue=target.queue, priority=priority, extra_headers=headers
-        )
+        with tracing.span("renq.publish", SpanKind.PRODUCER, queue=target.queue, job_ids=job_ids):
+            publish_task(
+                target.task, args, queue=target.queue, priority=priority, extra_headers=headers
+            )
     except Exception:  # noqa: BLE001 - any broker failure leaves the job for the sweeper
         logger.warning(
             "publishing %d job(s) (%s…) to %s failed; the sweeper will retry",
@@ -220,7 +224,7 @@ def _send(target: Destination, jobs: Sequence[Job], tag: fair_share.Tag | None) 
     return True
 
 
-def publish_many(jobs: Sequence[Job], *, counted_on: bool = False) -> int:
+def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool = False) -> int:
     """Publish the jobs' dispatch messages (with publisher confirms) and record, in one
     UPDATE, which RabbitMQ confirmed. Jobs bound for the same tier queue travel together, up
     to jobs_per_message in one message (one publish and one confirm instead of one per
@@ -231,12 +235,17 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False) -> int:
     `counted_on`: the jobs were stored with published_at already set (the submit path, which
     publishes right after its commit): only a failure is written, so the hot path has no
     second UPDATE per job. Should the process die between commit and publish, the
-    lost-message sweep republishes them (queued, published_at past LOST_MESSAGE_AFTER_S, their
-    queue empty), aging moves them, or their deadline expires them: never silently lost."""
+    lost-message sweep republishes them (queued, published_at past RENQ_LOST_MESSAGE_AFTER_S),
+    aging moves them, or their deadline expires them: never silently lost.
+
+    `charged`: the jobs' tenants were charged in the fair share when they were first
+    published (a job handed back by a worker, a lost message sent again): they go at the
+    plan's priority without a second charge."""
     jobs = list(jobs)
     sent: list = []
     messages = _messages(jobs)
-    for (target, group), tag in zip(messages, _fair_tags(messages), strict=True):
+    tags = [None] * len(messages) if charged else _fair_tags(messages)
+    for (target, group), tag in zip(messages, tags, strict=True):
         if not _send(target, group, tag):
             break
         sent.extend(job.pk for job in group)
@@ -268,8 +277,8 @@ def _messages(jobs: Sequence[Job]) -> list[tuple[Destination, list[Job]]]:
     messages: list[tuple[Destination, list[Job]]] = []
     for job in jobs:
         target = destination(job)
-        if target.task != RUN_JOB_TASK or job.parent_id is not None:
-            messages.append((target, [job]))  # one per job: cloud calls, chord members
+        if target.task != RUN_JOB_TASK:
+            messages.append((target, [job]))  # one per job: cloud calls
             continue
         # One tenant's jobs to a message: the fair share charges a message to its tenant.
         key = (target.queue, job.tenant_id)
@@ -283,16 +292,12 @@ def _messages(jobs: Sequence[Job]) -> list[tuple[Destination, list[Job]]]:
 
 def _fair_tags(messages: list[tuple[Destination, list[Job]]]) -> list[fair_share.Tag | None]:
     """The fair share's tag of each message bound for a tier queue, a service's or the cloud
-    calls' (None for bulk pieces, and for all when Redis is away: they go at the plan's static
-    priority)."""
-    tagged = [i for i, (_, group) in enumerate(messages) if group[0].parent_id is None]
-    tags: list[fair_share.Tag | None] = [None] * len(messages)
-    if not tagged:
-        return tags
-    plans = _tenant_plans([messages[i][1][0] for i in tagged])
+    calls' (None for all when Redis is away: they go at the plan's static priority)."""
+    if not messages:
+        return []
+    plans = _tenant_plans([group[0] for _, group in messages])
     charges = []
-    for i in tagged:
-        target, group = messages[i]
+    for target, group in messages:
         first = group[0]
         estimate = kind_of(first.service.kind).estimate_tokens
         tokens = sum(estimate(job.input)[0] for job in group)
@@ -309,10 +314,7 @@ def _fair_tags(messages: list[tuple[Destination, list[Job]]]) -> list[fair_share
             )
         )
     computed = fair_share.tag_messages(charges, top=queues.MAX_PRIORITY)
-    if computed is not None:
-        for i, tag in zip(tagged, computed, strict=True):
-            tags[i] = tag
-    return tags
+    return [None] * len(messages) if computed is None else list(computed)
 
 
 def _tenant_plans(jobs: Sequence[Job]) -> dict[int, str]:
@@ -351,31 +353,6 @@ def dead_letter(job_ids: Sequence, reason: str) -> None:
             )
         except Exception:  # noqa: BLE001 - the job's own record in Postgres is what counts
             logger.warning("could not publish dead letter of %s", job_id, exc_info=True)
-
-
-def publish_bulk(parent: Job, pieces: Sequence[Job]) -> bool:
-    """A bulk job's pieces as one Celery chord: the pieces on the bulk queue, then the callback
-    that assembles the parent. Should the chord never fire, the sweep finishes the parent once
-    every piece is final, and republishes pieces whose publish failed (one by one)."""
-    targets = [destination(piece) for piece in pieces]
-    header = [
-        signature(
-            t.task, args=list(t.args), queue=t.queue, priority=t.priority, ignore_result=False
-        )
-        for t in targets
-    ]
-    queue = queues.bulk_queue(parent.service.name)
-    # Immutable: the pieces' task results are reports; the callback reads results from
-    # Postgres, the record of truth.
-    callback = signature(FINISH_BULK_TASK, args=[str(parent.pk)], queue=queue, immutable=True)
-    errback = signature(FAIL_BULK_TASK, args=[str(parent.pk)], queue=queue, immutable=True)
-    try:
-        chord(header)(callback.set(link_error=[errback]))
-    except Exception:  # noqa: BLE001 - the sweep republishes the pieces
-        logger.exception("publishing bulk job %s failed; the sweeper will retry", parent.pk)
-        return False
-    Job.objects.filter(pk__in=[p.pk for p in pieces] + [parent.pk]).mark_published()
-    return True
 
 
 def republish_unpublished(older_than_s: float = 10.0) -> int:

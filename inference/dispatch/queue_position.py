@@ -19,14 +19,16 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import redis
-from django.db.models import Count, F, Q, Sum, TextField, Value
-from django.db.models.functions import Cast, Coalesce, Length, NullIf
+from django.conf import settings
+from django.db.models import Count, F, Q, Sum, TextField
+from django.db.models.functions import Cast, Length
 from django.utils import timezone
 
 from inference.config.plans import plan_weight
 from inference.config.tiers import current_tier_policies
 from inference.jobs.kinds import CHARS_PER_TOKEN, kind_of
 from inference.jobs.tiers import TIER_NAMES, Tier
+from inference.metrics.queue_depth import WAITING_TIER, service_depth, tenant_depths
 from inference.models import Job, JobStatus, Service
 from inference.scheduling.cost_model import BatchCostModel
 from renq_site.shared_redis import shared_redis
@@ -38,7 +40,8 @@ from routing.limits import RateLimitTracker
 P0_RESERVED_FRACTION = 0.1
 
 WAIT_REASONS = {
-    "queue_full": "the service's queue is at max_queue_size: new jobs of this tier are refused",
+    "queue_full": "the service's queue is at max_queue_size for this tenant (its own jobs and "
+    "each other tenant's up to its share): new jobs of this tier are refused",
     "tenant_quota": "the tenant has max_running_jobs queued or running: new jobs are refused",
     "backend_cooldown": "the backend the job is routed to is cooling down after a rate limit",
     "tier_share": "a higher tier has queued work: realtime first, then the tiers' weighted share",
@@ -47,8 +50,6 @@ WAIT_REASONS = {
 }
 
 ACTIVE_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
-# The tier queue a job waits in: its own, or the one aging promoted it to.
-WAITING_TIER = Coalesce(NullIf("serving_tier", Value("")), "tier")
 # Queued jobs carry no token count until they run: the JSON size over the kinds' chars/token.
 ESTIMATED_TOKENS = Length(Cast("input", TextField())) / CHARS_PER_TOKEN
 # Retry-After of a full queue: at least a second, and never so long a client gives up.
@@ -60,6 +61,27 @@ def queue_allowance(service: Service, tier: str) -> int:
     queue, the other tiers all but the realtime reserve."""
     limit = service.max_queue_size
     return limit if tier == Tier.REALTIME else limit - int(limit * P0_RESERVED_FRACTION)
+
+
+def tenant_queue_share(service: Service, tier: str) -> int:
+    """The most of one tenant's queued jobs that count against another tenant's room
+    (RENQ_TENANT_QUEUE_SHARE of the tier's allowance, at least one job): whatever one
+    tenant queues, a flood or a bulk job's pieces, the others keep the rest."""
+    return max(1, math.ceil(settings.RENQ_TENANT_QUEUE_SHARE * queue_allowance(service, tier)))
+
+
+def queue_full_for(
+    service: Service, tenant_id: int, tier: str, depths: dict[int, int] | None = None
+) -> bool:
+    """Whether admission refuses the tenant a job of this tier now: its own queued jobs plus
+    each other tenant's up to the share fill the allowance. `depths`: tenant_depths(service),
+    if already read."""
+    if not service.max_queue_size:
+        return False
+    depths = tenant_depths(service) if depths is None else depths
+    share = tenant_queue_share(service, tier)
+    counted = sum(n if tenant == tenant_id else min(n, share) for tenant, n in depths.items())
+    return counted >= queue_allowance(service, tier)
 
 
 def wait_reasons(
@@ -97,11 +119,6 @@ def tenants_at_quota(tenant_ids: Iterable[int]) -> set[int]:
         .filter(tenant__max_running_jobs__gt=0, active__gte=F("tenant__max_running_jobs"))
         .values_list("tenant_id", flat=True)
     )
-
-
-def service_depth(service: Service) -> int:
-    """Queued jobs of the service as admission counts them against max_queue_size."""
-    return Job.objects.filter(service=service, status=JobStatus.QUEUED).count()
 
 
 def throughput_jobs_s(service: Service) -> float:
@@ -272,12 +289,9 @@ def explain_wait(job: Job, now: datetime | None = None) -> dict | None:
     start_s = (ahead_jobs + running / 2) / rate
     input_tokens, output_tokens = kind_of(service.kind).estimate_tokens(job.input)
     run_s = _own_run_s(service, input_tokens + output_tokens, 1 / rate)
-    # Admission's count (every queued job of the service), not only the local line's.
-    queue_full = bool(service.max_queue_size) and service_depth(service) >= queue_allowance(
-        service, tier
-    )
+    # Admission's count (the queue depth, weighed by tenant), not only the local line's.
     reasons = wait_reasons(
-        queue_full=queue_full,
+        queue_full=queue_full_for(service, job.tenant_id, tier),
         at_quota=job.tenant_id in tenants_at_quota([job.tenant_id]),
         cooling_down=_cooling_down(job),
         higher_tiers_waiting=higher_waiting,

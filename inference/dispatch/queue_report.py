@@ -1,16 +1,17 @@
-"""What is waiting where: per service and tier, the queue depth, the oldest wait, the throughput
-over the last minute, and the batch cost model with its preemption budget. Served by
-`GET /api/v1/queues` (and `renq queues`)."""
+"""What is waiting where: per service and tier, the queue depth (inference.metrics.queue_depth,
+as admission and `renq_queue_depth` count it), the oldest wait, the throughput over the last
+minute, and the batch cost model with its preemption budget. Served by `GET /api/v1/queues`
+(and `renq queues`)."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from django.db.models import Count, Min, Q, Value
-from django.db.models.functions import Coalesce, NullIf
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from inference.jobs.tiers import TIER_ORDER
+from inference.metrics.queue_depth import queue_depths
 from inference.models import Job, JobStatus, Service
 from inference.scheduling.cost_model import (
     PASS_TARGET_FRACTION,
@@ -23,18 +24,11 @@ THROUGHPUT_WINDOW = timedelta(minutes=1)
 
 def queue_report(now=None) -> list[dict]:
     now = now or timezone.now()
-    # The tier queue a job waits in: its own, or the one aging promoted it to.
-    waiting_in = Coalesce(NullIf("serving_tier", Value("")), "tier")
-    queued = {
-        (row["service_id"], row["waiting_tier"]): row
-        for row in Job.objects.filter(status=JobStatus.QUEUED, parent__isnull=True)
-        .annotate(waiting_tier=waiting_in)
-        .values("service_id", "waiting_tier")
-        .annotate(depth=Count("id"), oldest=Min("created_at"))
-    }
+    queued = queue_depths()
+    # Bulk pieces are jobs of their tier; their parents, the bulk requests, are not counted.
     finished = {
         (row["service_id"], row["tier"]): row["n"]
-        for row in Job.objects.filter(finished_at__gte=now - THROUGHPUT_WINDOW, parent__isnull=True)
+        for row in Job.objects.filter(finished_at__gte=now - THROUGHPUT_WINDOW, is_bulk=False)
         .values("service_id", "tier")
         .annotate(n=Count("id", filter=Q(status=JobStatus.SUCCEEDED)))
     }
@@ -43,10 +37,9 @@ def queue_report(now=None) -> list[dict]:
         budget_s = preemption_budget_s(service)
         tiers = {}
         for tier in TIER_ORDER:
-            row = queued.get((service.pk, tier.value))
-            oldest = row["oldest"] if row else None
+            depth, oldest = queued.get((service.pk, tier.value), (0, None))
             tiers[tier.value] = {
-                "depth": row["depth"] if row else 0,
+                "depth": depth,
                 "oldest_wait_s": round((now - oldest).total_seconds(), 3) if oldest else None,
                 "completed_last_minute": finished.get((service.pk, tier.value), 0),
             }

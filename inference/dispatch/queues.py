@@ -1,19 +1,19 @@
 """Every RabbitMQ queue renq uses: its name, its arguments, and who consumes it.
 
     queue                                   consumer                    carries
-    <service>.realtime|api|batch|offline    the service's GPU workers   local jobs, by tenant
-    <service>.bulk                          the same GPU workers        bulk pieces (chord members)
+    <service>.realtime|api|batch|offline    the service's GPU workers   local jobs (bulk pieces
+                                                                        too), by tenant
     io.realtime|api|batch|offline           I/O workers (threads)       jobs routed to a cloud API
     renq.control                            the control worker (beat)   the sweep
     renq.dead                               nobody (operators)          dead letters
 
 Tiers are separate queues so a worker chooses which tier to serve next; inside a tier queue (a
 service's or io.<tier>) the AMQP message priority is the tenant's fair-share band
-(inference.dispatch.fair_share); bulk pieces go at the plan's static priority. Every queue is a
-durable classic queue (quorum queues have no priorities on RabbitMQ 3.x) declared with
-`x-max-priority = MAX_PRIORITY`; a redeclaration with other arguments would fail with 406
-PRECONDITION_FAILED, so the Celery app takes the number from here. `RENQ_QUEUE_PREFIX`
-separates test and bench traffic from the demo's on one broker.
+(inference.dispatch.fair_share); a bulk job's pieces wait there like any job of their tier
+(Issue #27). Every queue is a durable classic queue (quorum queues have no priorities on
+RabbitMQ 3.x) declared with `x-max-priority = MAX_PRIORITY`; a redeclaration with other
+arguments would fail with 406 PRECONDITION_FAILED, so the Celery app takes the number from
+here. `RENQ_QUEUE_PREFIX` separates test and bench traffic from the demo's on one broker.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ MAX_PRIORITY = 3
 CONTROL_QUEUE = "renq.control"
 DEAD_LETTER_QUEUE = "renq.dead"
 IO_QUEUE_PREFIX = "io"
-BULK_SUFFIX = "bulk"
 
 
 def _prefixed(name: str) -> str:
@@ -40,19 +39,14 @@ def tier_queue(service_name: str, tier: str) -> str:
     return _prefixed(f"{service_name}.{Tier(tier).value}")
 
 
-def bulk_queue(service_name: str) -> str:
-    """Pieces of bulk jobs: delivered by Celery only (never pulled by the batch runner), so
-    the chord's result backend sees every piece finish."""
-    return _prefixed(f"{service_name}.{BULK_SUFFIX}")
-
-
 def service_tier_queues(service_name: str) -> list[str]:
     return [tier_queue(service_name, tier) for tier in TIER_ORDER]
 
 
 def service_queues(service_name: str) -> list[str]:
-    """Every queue a GPU worker for this service consumes (`celery worker -Q ...`)."""
-    return service_tier_queues(service_name) + [bulk_queue(service_name)]
+    """Every queue a GPU worker for this service consumes (`celery worker -Q ...`): its tier
+    queues."""
+    return service_tier_queues(service_name)
 
 
 def io_queue(tier: str) -> str:

@@ -24,6 +24,8 @@ class EmbeddingEngine(Engine):
     """
 
     kind = "embedding"
+    # A job of more texts than one pass may hold runs a range of them per pass.
+    runs_in_parts = True
 
     def __init__(self, model_ref: str, *, device: str | None = None, dtype: str | None = None):
         super().__init__(model_ref, device=device, dtype=dtype)

@@ -10,7 +10,10 @@ or refused whole):
   one round trip with the INSERTs, so concurrent submitters cannot overshoot it; the last
   `P0_RESERVED_FRACTION` (inference.dispatch.queue_position) of the queue is kept for realtime
   jobs, which are refused only when the queue is truly full (503), with a Retry-After of the
-  queue's predicted drain time;
+  queue's predicted drain time. A tenant's own queued jobs count in full against its room;
+  each other tenant's only up to `RENQ_TENANT_QUEUE_SHARE` of the queue, so no tenant's
+  backlog (a flood, a bulk job's pieces) can fill the queue the others need. A bulk job is
+  admitted by its own budget: its pieces count against the queue up to that share;
 - the tenant's `max_running_jobs` (queued + running): the same, under a per-tenant lock (429).
 
 A transaction takes its capacity locks before its running-jobs lock, each kind in id order
@@ -26,7 +29,11 @@ from datetime import UTC, datetime
 
 from django.db import DatabaseError
 
-from inference.dispatch.queue_position import queue_allowance, retry_after_s
+from inference.dispatch.queue_position import (
+    queue_allowance,
+    retry_after_s,
+    tenant_queue_share,
+)
 from inference.jobs.tiers import Tier
 from inference.models import Service, Tenant
 from renq_site.shared_redis import shared_redis
@@ -144,12 +151,19 @@ class QueueCapacityCheck:
     in the same round trip as its INSERTs: it takes the service's advisory lock (held until
     commit, so concurrent submitters are serialized for one count and none overshoots),
     counts, and aborts the transaction when the jobs do not fit (`renq_admit_to_queue`,
-    migration 0011). The lock is held for the server's own work only, never across a round
-    trip to the web process, so concurrent submitters wait for a count, not for the network."""
+    migration 0015). The lock is held for the server's own work only, never across a round
+    trip to the web process, so concurrent submitters wait for a count, not for the network.
+
+    What the jobs must fit: the tenant's own queued jobs, plus each other tenant's up to
+    `tenant_queue_share` (inference.dispatch.queue_position), plus these, within the tier's
+    allowance. A `bulk` job's pieces count only up to that share too (with the tenant's
+    queued jobs): past it they are the bulk's own budget, room no other tenant needed."""
 
     service: Service
     tier: str
     jobs: int
+    tenant: Tenant
+    bulk: bool = False
 
     @property
     def lock_key(self) -> LockKey:
@@ -165,10 +179,17 @@ class QueueCapacityCheck:
         limit = self.service.max_queue_size
         if not limit:
             return None
-        # Counting stops at the limit: the check costs the same with 10 or 10^6 jobs queued.
         return (
-            "SELECT renq_admit_to_queue(%s, %s, %s, %s, %s)",
-            [_CAPACITY_LOCK_SPACE, self.service.pk, limit, self.allowed, self.jobs],
+            "SELECT renq_admit_to_queue(%s, %s, %s, %s, %s, %s, %s)",
+            [
+                _CAPACITY_LOCK_SPACE,
+                self.service.pk,
+                self.tenant.pk,
+                self.allowed,
+                tenant_queue_share(self.service, self.tier),
+                self.jobs,
+                self.bulk,
+            ],
         )
 
     def refusal(self, error: DatabaseError) -> AdmissionRefused | None:
@@ -176,17 +197,21 @@ class QueueCapacityCheck:
         cause = error.__cause__
         if getattr(cause, "pgcode", None) != QUEUE_FULL_SQLSTATE:
             return None
-        service_id, depth = map(int, cause.diag.message_detail.split(":"))
+        service_id, depth, counted = map(int, cause.diag.message_detail.split(":"))
         if service_id != self.service.pk:
             return None  # another service's check of the same request refused it
         service, limit = self.service, self.service.max_queue_size
-        # The queue's drain time at the measured throughput: room frees a job at a time while
-        # every refused client retries, so a retry before the backlog drains is refused again.
-        retry = retry_after_s(service, depth)
+        # The drain time of the jobs that count against this tenant, at the measured
+        # throughput: room frees a job at a time while every refused client retries, so a
+        # retry before they drain is refused again.
+        retry = retry_after_s(service, counted)
+        share = tenant_queue_share(service, self.tier)
         return AdmissionRefused(
             503,
             "service",
-            f"service '{service.name}' has {depth} queued jobs (max_queue_size {limit}"
+            f"service '{service.name}' has {depth} queued jobs, {counted} of them counted "
+            f"against you (yours, and each other tenant's up to {share}; max_queue_size "
+            f"{limit}"
             + ("" if self.tier == Tier.REALTIME else f", {self.allowed} for non-realtime work")
             + f"); {self.jobs} more do not fit; retry later.",
             retry_after_s=retry,

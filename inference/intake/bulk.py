@@ -1,24 +1,29 @@
-"""Bulk jobs: one parent job split into pieces that run as a Celery chord.
+"""Bulk jobs: one parent job split into pieces, each an ordinary job of the parent's tenant and
+tier (Issue #27).
 
-The pieces are ordinary jobs (claimed atomically, batched, stored like any other), published to
-the service's `bulk` queue. That queue is consumed by Celery only, never pulled by the batch
-runner's TierQueueReader, so Celery sees every piece finish and the Redis result backend counts
-the chord natively (no chord_unlock polling). The callback assembles the parent's result in
-input order. A failed piece is retried on its own; the bulk is not restarted. Should the chord
-never fire (its publish failed, the result backend lost its counter), the sweep finishes every
-parent whose pieces are all final.
+A piece is routed at submission like any job (a local tier queue, or io.<tier> for a cloud
+backend), waits in its tier queue charged to the tier's share and its tenant's fair share,
+ages, goes down its route's cascade when an attempt fails, and is rescued when its workers are
+gone. The bulk is admitted whole against the queue by its own budget (inference.intake.
+admission: past its tenant's share of the queue, its pieces take no room from other tenants).
+Whoever stores the last piece's outcome assembles the parent's result in input order; the
+sweep finishes any parent whose pieces are all final and that was left running (its finisher
+died, or a piece ended without an outcome).
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
-from inference.dispatch.publishing import publish_bulk
-from inference.intake.admission import RunningJobsCheck, reserve_counters
+from inference.dispatch.placement import routes_on_submit
+from inference.dispatch.publishing import publish_many_on_commit
+from inference.intake.admission import QueueCapacityCheck, RunningJobsCheck, reserve_counters
 from inference.intake.audit import record_receipts
 from inference.intake.entitlements import TierChoice, plan_tier
 from inference.intake.row_writer import run_in_one_round_trip
@@ -35,6 +40,9 @@ from inference.jobs.tiers import Tier
 from inference.jobs.vectors import with_vectors
 from inference.models import Job, JobStatus, Service, Tenant
 from inference.scheduling.cost_model import BatchCostModel, preemption_budget_s
+from routing.models import JobRoute
+
+logger = logging.getLogger(__name__)
 
 MAX_BULK_ITEMS = 100_000
 BULK_TIERS = (Tier.BATCH, Tier.OFFLINE)
@@ -114,8 +122,9 @@ def submit_bulk(
     actor: str = "",
 ) -> Job:
     """One request, admitted or refused whole: it counts once against the rate limits and
-    running-jobs quota, with all its tokens against the monthly budget. Its pieces wait on the
-    bulk queue, not in the tier queues, so they never fill max_queue_size for others.
+    running-jobs quota, with all its tokens against the monthly budget, and its pieces against
+    the service's queue by the bulk's own budget: past the tenant's share of the queue they
+    take no room from other tenants (QueueCapacityCheck).
 
     With an `idempotency_key` the tenant sent with the same bulk job in the last 24 h, returns
     that job (with `job.replayed = True`) and creates nothing; InputError if it was sent with
@@ -160,47 +169,57 @@ def bulk_tier(requested: Tier, tenant: Tenant) -> TierChoice:
 
 
 def _store_bulk(tenant, service, tier, payload, piece_inputs, actor: str, key: str) -> Job:
-    # The parent is one of the tenant's running jobs: counted and stored under its lock.
-    running = RunningJobsCheck(tenant, 1)
+    now = timezone.now()  # created and started at once: no negative queue_wait_ms
+    # The pieces are the parent's jobs: its tenant, service and tiers.
+    shared = dict(
+        tenant=tenant,
+        service=service,
+        tier=tier.served,
+        requested_tier=tier.requested,
+        tier_reason=tier.reason,
+        message_priority=tenant.plan_boost,
+    )
+    parent = Job(
+        **shared,
+        input=payload,
+        is_bulk=True,
+        status=JobStatus.RUNNING,
+        created_at=now,
+        started_at=now,
+        idempotency_key=key,
+    )
+    # published_at set at INSERT, as the submit path does: a failed publish clears it.
+    pieces = [
+        Job(
+            **shared,
+            input=piece_input,
+            parent=parent,
+            piece_index=index,
+            created_at=now,
+            published_at=now,
+        )
+        for index, piece_input in enumerate(piece_inputs)
+    ]
+    # One decision for them all (they share service and tier), made before the locks.
+    routes = routes_on_submit(pieces)
+    # The queue's lock before the tenant's, as every submitter takes them.
+    checks = [
+        QueueCapacityCheck(service, tier.served, len(pieces), tenant=tenant, bulk=True),
+        RunningJobsCheck(tenant, 1),
+    ]
     try:
-        return _insert_bulk(tenant, service, tier, payload, piece_inputs, actor, key, running)
+        with transaction.atomic():
+            run_in_one_round_trip([sql for check in checks if (sql := check.statement())])
+            parent.save(force_insert=True)
+            Job.objects.bulk_create(pieces)
+            JobRoute.objects.bulk_create(routes)
+            record_receipts([parent], actor=actor)
+            publish_many_on_commit(pieces, counted_on=True)
     except DatabaseError as exc:
-        refusal = running.refusal(exc)
+        refusal = next((r for check in checks if (r := check.refusal(exc)) is not None), None)
         if refusal is not None:
             raise refusal from None
         raise
-
-
-def _insert_bulk(tenant, service, tier, payload, piece_inputs, actor, key, running) -> Job:
-    now = timezone.now()  # created and started at once: no negative queue_wait_ms
-    with transaction.atomic():
-        check = running.statement()
-        if check is not None:
-            run_in_one_round_trip([check])
-        # The pieces are the parent's jobs: its tenant, service and tiers.
-        shared = dict(
-            tenant=tenant,
-            service=service,
-            tier=tier.served,
-            requested_tier=tier.requested,
-            tier_reason=tier.reason,
-            message_priority=tenant.plan_boost,
-        )
-        parent = Job.objects.create(
-            **shared,
-            input=payload,
-            is_bulk=True,
-            status=JobStatus.RUNNING,
-            created_at=now,
-            started_at=now,
-            idempotency_key=key,
-        )
-        pieces = Job.objects.bulk_create(
-            Job(**shared, input=piece_input, parent=parent, piece_index=index)
-            for index, piece_input in enumerate(piece_inputs)
-        )
-        record_receipts([parent], actor=actor)
-        transaction.on_commit(lambda: publish_bulk(parent, pieces))
     return parent
 
 
@@ -212,13 +231,9 @@ def bulk_progress(parent: Job) -> dict:
     )
 
 
-def retry_failed_piece(job_id: str) -> bool:
-    """Put a failed bulk piece back to queued for a retry, while it has attempts left."""
-    return bool(Job.objects.filter(pk=job_id).retry())
-
-
 def finish_bulk(parent_id: str) -> str:
-    """Chord callback (or the sweep): assemble the pieces' results in input order."""
+    """Assemble the pieces' results in input order (or fail the parent with the pieces'
+    reasons); called once every piece is final."""
     parent = Job.objects.select_related("service").get(pk=parent_id)
     pieces = list(
         parent.pieces.order_by("piece_index").only("status", "result", "result_vectors", "error")
@@ -235,16 +250,32 @@ def finish_bulk(parent_id: str) -> str:
     return JobStatus.SUCCEEDED
 
 
-def fail_bulk(parent_id: str, *_args: Any) -> None:
-    Job.objects.filter(pk=parent_id).fail("a piece's task crashed")
+def finish_done_bulks(parent_ids: Iterable | None = None) -> int:
+    """Finish the running bulk parents (of `parent_ids`, or any) whose pieces are all final.
+    Two finishers of one parent are harmless: only a running parent is finished."""
+    unfinished = Job.objects.filter(parent=OuterRef("pk")).exclude(status__in=TERMINAL_STATUSES)
+    done = Job.objects.filter(is_bulk=True, status=JobStatus.RUNNING).exclude(Exists(unfinished))
+    if parent_ids is not None:
+        done = done.filter(pk__in=list(parent_ids))
+    return sum(finish_bulk(str(pk)) is not None for pk in done.values_list("pk", flat=True)[:100])
 
 
 def finish_stalled_bulks() -> int:
-    """Finish running bulk parents whose pieces are all final (the chord never fired)."""
-    unfinished = Job.objects.filter(parent=OuterRef("pk")).exclude(status__in=TERMINAL_STATUSES)
-    stalled = (
-        Job.objects.filter(is_bulk=True, status=JobStatus.RUNNING)
-        .exclude(Exists(unfinished))
-        .values_list("pk", flat=True)[:100]
-    )
-    return sum(finish_bulk(str(pk)) is not None for pk in stalled)
+    """The sweep's: parents whose last piece ended without an outcome (expired, given up on),
+    or whose finisher died before it assembled them."""
+    return finish_done_bulks()
+
+
+def on_outcomes_stored(sender, *, outcomes, **_kwargs) -> None:
+    """The state machine's `outcomes_stored` (connected in InferenceConfig.ready()): a bulk
+    parent is finished by whoever stores its last piece, once that store is committed."""
+    parent_ids = {o.job.parent_id for o in outcomes if o.job.parent_id is not None}
+    if parent_ids:
+        transaction.on_commit(lambda: _finish_quietly(parent_ids))
+
+
+def _finish_quietly(parent_ids: set) -> None:
+    try:
+        finish_done_bulks(parent_ids)
+    except Exception:  # noqa: BLE001 - the outcomes are stored; the sweep finishes the parent
+        logger.exception("could not finish bulk job(s) %s; the sweep will", sorted(parent_ids))

@@ -1,12 +1,13 @@
 """The submit service: the one way a job enters renq (REST API, OpenAI API, bulk, demo, tests).
 
-validate (400 names the field; the tier is the requested one moved by the tenant's plan,
-`inference.intake.entitlements`) → Idempotency-Key replay → result cache → admission (429 with
-Retry-After, a request admitted or refused whole; realtime past the plan's cap is served as
-api) → routing decision → [queue capacity check
-(503) → running-jobs check (429) → INSERT jobs, receipts, routes → COMMIT]: one round trip,
-shared with the submissions that arrived meanwhile (`inference.intake.group_commit`) → publish
-(after commit, so a worker never sees a job that does not exist).
+validate (400 names the field, or says why no configured backend can serve the job; the tier
+is the requested one moved by the tenant's plan, `inference.intake.entitlements`) →
+Idempotency-Key replay → result cache → admission (429 with Retry-After, a request admitted or
+refused whole; realtime past the plan's cap is served as api) → routing decision → [queue
+capacity check (503) → running-jobs check (429) → INSERT jobs, receipts, routes → COMMIT]: one
+round trip, shared with the submissions that arrived meanwhile
+(`inference.intake.group_commit`) → publish (after commit, so a worker never sees a job that
+does not exist).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
-from inference.dispatch.placement import routes_on_submit
+from inference.dispatch.placement import check_servable, routes_on_submit, token_estimate
 from inference.dispatch.publishing import publish_many, publish_many_on_commit
 from inference.intake.admission import (
     CounterReservation,
@@ -137,7 +138,7 @@ class JobRequest:
 
     @property
     def tokens(self) -> int:
-        return sum(kind_of(self.service.kind).estimate_tokens(self.input))
+        return sum(token_estimate(self.service, self.input))
 
 
 def prepare(
@@ -145,10 +146,12 @@ def prepare(
 ) -> JobRequest:
     service = resolve_service(service_name)
     tier = plan_tier(resolve_tier(priority, tenant), tenant)
+    clean = validate_input(service.kind, payload, max_items=service.max_items_per_job)
+    check_servable(service, tier.served, clean)
     return JobRequest(
         service=service,
         tier=tier.served,
-        input=validate_input(service.kind, payload, max_items=service.max_items_per_job),
+        input=clean,
         deadline_ms=resolve_deadline_ms(deadline_ms),
         requested_tier=tier.requested,
         tier_reason=tier.reason,
@@ -167,7 +170,8 @@ def submit_job(
 ) -> Job:
     """Validate, admit and store one job; its dispatch message is published after commit.
 
-    Raises InputError (400, names the field) or AdmissionRefused (429/503 with Retry-After).
+    Raises InputError (400, names the field; UnservableJob when no configured backend can
+    serve it) or AdmissionRefused (429/503 with Retry-After).
     With an `idempotency_key` already used by the tenant in the last 24 h, returns that job
     (with `job.replayed = True`) and creates nothing; InputError if it was used for another
     request.
@@ -280,7 +284,8 @@ def accept(
             queued_by_service[requests[i].service.pk].append(i)
         # Services in id order, then the tenant: every submitter takes its locks in one order.
         checks: list[QueueCapacityCheck | RunningJobsCheck] = [
-            _capacity_check(requests, queued_by_service[pk]) for pk in sorted(queued_by_service)
+            _capacity_check(tenant, requests, queued_by_service[pk])
+            for pk in sorted(queued_by_service)
         ]
         checks.append(RunningJobsCheck(tenant, len(pending)))
         checked = [(check, sql) for check in checks if (sql := check.statement()) is not None]
@@ -337,12 +342,14 @@ def _within_realtime_cap(
     return served
 
 
-def _capacity_check(requests: Sequence[JobRequest], indexes: list[int]) -> QueueCapacityCheck:
+def _capacity_check(
+    tenant: Tenant, requests: Sequence[JobRequest], indexes: list[int]
+) -> QueueCapacityCheck:
     service = requests[indexes[0]].service
     realtime = sum(requests[i].tier == Tier.REALTIME for i in indexes)
     # Non-realtime work must fit below the realtime reserve; realtime may fill the queue.
     tier = Tier.BATCH if len(indexes) > realtime else Tier.REALTIME
-    return QueueCapacityCheck(service, tier, len(indexes))
+    return QueueCapacityCheck(service, tier, len(indexes), tenant)
 
 
 class NewJobRow:

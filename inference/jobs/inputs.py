@@ -5,6 +5,7 @@ Plain Python so the REST API, the bulk splitter and management commands share on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 MAX_TEXT_CHARS = 20_000
@@ -23,6 +24,17 @@ class InputError(ValueError):
         super().__init__(f"{field}: {message}")
         self.field = field
         self.message = message
+
+
+class UnservableJob(InputError):
+    """No configured backend can serve the job: too large for each, or each misconfigured
+    (e.g. its API key variable unset). Refused at submission, naming every backend's reason,
+    instead of accepted and failed later. `code` says which kind of refusal it is."""
+
+    def __init__(self, reasons: Sequence[str], *, too_large: bool):
+        self.reasons = list(reasons)
+        self.code = "context_length_exceeded" if too_large else "no_backend_available"
+        super().__init__("input", "no configured backend can serve this job: " + "; ".join(reasons))
 
 
 def check_storable_text(value: str, field: str) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from inference.jobs.inputs import (
     DEFAULT_MAX_TOKENS,
@@ -35,6 +35,15 @@ class ServiceSettings(Protocol):
 CHARS_PER_TOKEN = 4
 
 
+class TokenEstimate(NamedTuple):
+    """A job's tokens, estimated from characters before a tokenizer has seen them. Every
+    sequence the model reads counts up to the model's max length where it truncates (an
+    encoder reads no more of a long text)."""
+
+    input_tokens: int
+    output_tokens: int
+
+
 @dataclass(frozen=True)
 class ServiceKindSpec:
     name: str
@@ -46,10 +55,16 @@ class ServiceKindSpec:
     bulk_items_field: str
     bulk_piece: Callable[[dict, list], dict]
     bulk_merge: Callable[[dict, list[dict]], dict]
-    # (input, output) tokens estimated from characters.
-    estimate_tokens: Callable[[dict], tuple[int, int]]
+    # estimate_tokens(payload, max_sequence_tokens=None) → TokenEstimate; the limit is the
+    # model's max length, for the kinds whose engine truncates each sequence to it.
+    estimate_tokens: Callable[..., TokenEstimate]
+    # The longest single sequence one model call reads, as sent (an embedding text, the
+    # query with one document, a prompt with its completion): what a context must hold.
+    longest_sequence_tokens: Callable[[dict], int]
     # One job per bulk item instead of one full batch per piece (a job is one prompt).
     one_item_per_piece: bool = False
+    # The engine truncates each sequence at the model's max length (encoders do).
+    truncates_to_model_length: bool = False
 
     def engine_class(self) -> type:
         """The kind's engine class (an inference.engines Engine), imported on first use."""
@@ -63,23 +78,46 @@ class ServiceKindSpec:
         return payload
 
 
-def _chars(*texts: str) -> int:
-    return sum(len(t) for t in texts)
+def _tokens_read(lengths: list[int], max_sequence_tokens: int | None) -> int:
+    """Tokens of sequences of these character lengths, each counted up to the limit."""
+    if max_sequence_tokens is not None:
+        lengths = [min(n, max_sequence_tokens * CHARS_PER_TOKEN) for n in lengths]
+    return max(1, sum(lengths) // CHARS_PER_TOKEN)
 
 
-def _estimate_embedding(payload: dict) -> tuple[int, int]:
-    return max(1, _chars(*payload.get("texts", [])) // CHARS_PER_TOKEN), 0
+def _embedding_lengths(payload: dict) -> list[int]:
+    return [len(text) for text in payload.get("texts", [])]
 
 
-def _estimate_rerank(payload: dict) -> tuple[int, int]:
-    query = payload.get("query", "")
-    chars = sum(len(query) + len(d) for d in payload.get("documents", []))
-    return max(1, chars // CHARS_PER_TOKEN), 0
+def _rerank_lengths(payload: dict) -> list[int]:
+    # A cross-encoder reads the query with each document as one sequence.
+    query = len(payload.get("query", ""))
+    return [query + len(document) for document in payload.get("documents", [])]
 
 
-def _estimate_llm(payload: dict) -> tuple[int, int]:
+def _estimate_embedding(payload: dict, max_sequence_tokens: int | None = None) -> TokenEstimate:
+    return TokenEstimate(_tokens_read(_embedding_lengths(payload), max_sequence_tokens), 0)
+
+
+def _estimate_rerank(payload: dict, max_sequence_tokens: int | None = None) -> TokenEstimate:
+    return TokenEstimate(_tokens_read(_rerank_lengths(payload), max_sequence_tokens), 0)
+
+
+def _estimate_llm(payload: dict, max_sequence_tokens: int | None = None) -> TokenEstimate:
     prompt_tokens = max(1, len(payload.get("prompt", "")) // CHARS_PER_TOKEN)
-    return prompt_tokens, int(payload.get("max_tokens", DEFAULT_MAX_TOKENS))
+    return TokenEstimate(prompt_tokens, int(payload.get("max_tokens", DEFAULT_MAX_TOKENS)))
+
+
+def _longest_embedding(payload: dict) -> int:
+    return max(_embedding_lengths(payload), default=0) // CHARS_PER_TOKEN
+
+
+def _longest_rerank(payload: dict) -> int:
+    return max(_rerank_lengths(payload), default=0) // CHARS_PER_TOKEN
+
+
+def _longest_llm(payload: dict) -> int:
+    return sum(_estimate_llm(payload))
 
 
 def _merge_embeddings(bulk_input: dict, results: list[dict]) -> dict:
@@ -123,6 +161,8 @@ KINDS: dict[str, ServiceKindSpec] = {
         bulk_piece=_texts_piece,
         bulk_merge=_merge_embeddings,
         estimate_tokens=_estimate_embedding,
+        longest_sequence_tokens=_longest_embedding,
+        truncates_to_model_length=True,
     ),
     "reranker": ServiceKindSpec(
         name="reranker",
@@ -133,6 +173,8 @@ KINDS: dict[str, ServiceKindSpec] = {
         bulk_piece=lambda bulk, chunk: {"query": bulk["query"], "documents": chunk},
         bulk_merge=_merge_rerank,
         estimate_tokens=_estimate_rerank,
+        longest_sequence_tokens=_longest_rerank,
+        truncates_to_model_length=True,
     ),
     "llm": ServiceKindSpec(
         name="llm",
@@ -143,6 +185,7 @@ KINDS: dict[str, ServiceKindSpec] = {
         bulk_piece=_llm_piece,
         bulk_merge=_merge_completions,
         estimate_tokens=_estimate_llm,
+        longest_sequence_tokens=_longest_llm,
         one_item_per_piece=True,
     ),
     # Benchmarks and tests only: the stack's own cost, no model (inference.engines.noop).
@@ -155,6 +198,7 @@ KINDS: dict[str, ServiceKindSpec] = {
         bulk_piece=_texts_piece,
         bulk_merge=lambda bulk_input, results: {"count": sum(r["count"] for r in results)},
         estimate_tokens=_estimate_embedding,
+        longest_sequence_tokens=_longest_embedding,
     ),
 }
 

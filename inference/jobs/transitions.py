@@ -2,11 +2,11 @@
 
     queued ──claim──▶ running ──store_outcomes──▶ succeeded | failed
       │  ▲              │ │ └──claim (deadline passed)──▶ expired
-      │  └──release / requeue (didn't fit; dead claim; handed to the next backend)
+      │  └──release / requeue (handed back unstarted; lease lapsed; handed to the next backend)
       │                 └──fail (poison: lost too often; cascade ended)──▶ failed
       ├──expire (nobody started it in time)──▶ expired
       └──cancel──▶ cancelled
-    failed ──retry (bulk piece with attempts left)──▶ queued
+    failed ──revive (a dead-lettered job, by an admin)──▶ queued
 
 Every write is one conditional UPDATE that names the status it leaves, so two processes racing
 for the same job cannot both win: a duplicate message finds the job no longer queued; a
@@ -24,7 +24,7 @@ import json
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -57,7 +57,7 @@ TRANSITIONS: dict[tuple[str, str], str] = {
     (JobStatus.QUEUED, JobStatus.EXPIRED): "expire",
     (JobStatus.QUEUED, JobStatus.CANCELLED): "cancel",
     (JobStatus.RUNNING, JobStatus.CANCELLED): "cancel_bulk (a bulk parent)",
-    (JobStatus.FAILED, JobStatus.QUEUED): "retry / revive (a dead-lettered job, by an admin)",
+    (JobStatus.FAILED, JobStatus.QUEUED): "revive (a dead-lettered job, by an admin)",
 }
 
 EXPIRED_IN_QUEUE = "waited longer than the service's queue_timeout before a worker was free"
@@ -68,6 +68,7 @@ EXPIRED_IN_QUEUE = "waited longer than the service's queue_timeout before a work
 _CLAIM_SQL = """
 UPDATE inference_job AS j
    SET status = 'running', claim_token = %(token)s, claimed_at = %(now)s,
+       lease_expires_at = %(now)s + %(lease_s)s * interval '1 second',
        attempts = j.attempts + %(attempt)s, worker = %(worker)s
   FROM inference_service AS s, inference_tenant AS t
  WHERE j.id = ANY(%(ids)s::uuid[]) AND s.id = j.service_id AND t.id = j.tenant_id
@@ -275,6 +276,7 @@ class JobQuerySet(models.QuerySet):
             "ids": [str(i) for i in dict.fromkeys(job_ids)],
             "redelivered": [str(i) for i in redelivered_ids],
             "max_attempts": settings.RENQ_MAX_ATTEMPTS,
+            "lease_s": settings.RENQ_LEASE_S,
             # A claim taken only to hand the job on (the sweep) runs nothing: no attempt.
             "attempt": 1 if count_attempt else 0,
         }
@@ -377,12 +379,15 @@ class JobQuerySet(models.QuerySet):
     # --- moves on a filtered set ----------------------------------------------------------
 
     def release(self) -> int:
-        """running → queued for claimed jobs that did not fit a batch: nothing ran, so the
-        attempt is not counted. The caller requeues their messages."""
+        """running → queued for claimed jobs this worker hands back unstarted (a peer may
+        start them sooner): nothing ran, so the attempt is not counted. The caller publishes
+        them again."""
         return self.filter(status=JobStatus.RUNNING).update(
             status=JobStatus.QUEUED,
             claim_token=None,
             claimed_at=None,
+            lease_expires_at=None,
+            worker="",
             attempts=F("attempts") - 1,
         )
 
@@ -393,6 +398,7 @@ class JobQuerySet(models.QuerySet):
             status=JobStatus.QUEUED,
             claim_token=None,
             claimed_at=None,
+            lease_expires_at=None,
             started_at=None,
             published_at=None,
             worker="",
@@ -453,15 +459,18 @@ class JobQuerySet(models.QuerySet):
             error="",
         )
 
-    def retry(self) -> int:
-        """failed → queued for a bulk piece with attempts left (its chord member retries)."""
-        return self.filter(
-            status=JobStatus.FAILED,
-            parent__isnull=False,
-            attempts__lt=settings.RENQ_MAX_ATTEMPTS,
-        ).update(status=JobStatus.QUEUED, claim_token=None, finished_at=None)
+    # --- not status changes: leases, aging and the outbox stamp -----------------------------
 
-    # --- not status changes: aging and the outbox stamp -------------------------------------
+    def renew_leases(self, worker: str, lease_s: float) -> int:
+        """The worker still holds its running jobs: their leases run `lease_s` from now. A job
+        taken over since is held by another worker (or queued) and is not touched."""
+        return self.filter(status=JobStatus.RUNNING, worker=worker[:200]).update(
+            lease_expires_at=timezone.now() + timedelta(seconds=lease_s)
+        )
+
+    def lapsed(self, now: datetime) -> JobQuerySet:
+        """Running jobs whose lease ran out: their worker stopped renewing it."""
+        return self.filter(status=JobStatus.RUNNING, lease_expires_at__lt=now)
 
     def promote(self, to_tier: str) -> int:
         """A queued job waiting past its tier's aging threshold now waits in `to_tier`'s queue
@@ -469,8 +478,9 @@ class JobQuerySet(models.QuerySet):
         return self.filter(status=JobStatus.QUEUED).update(serving_tier=to_tier)
 
     def mark_published(self) -> int:
-        """RabbitMQ confirmed a dispatch message; the outbox sweep skips these jobs."""
-        return self.filter(published_at__isnull=True).update(published_at=timezone.now())
+        """RabbitMQ confirmed a dispatch message (a first one, or one sent again): the outbox
+        sweep skips these jobs, and the lost-message sweep counts from now."""
+        return self.filter(status=JobStatus.QUEUED).update(published_at=timezone.now())
 
     def unmark_published(self) -> int:
         """A publish counted on at INSERT failed: the outbox sweep sends these jobs."""

@@ -1,6 +1,6 @@
 """Prometheus's scrape: every process's events (inference.metrics.events, multiprocess mode)
 and the state computed now (queue depth, running jobs, fairness between tenants, backend limits
-and breakers)."""
+and breakers, and the autoscaler's decision that inference.apps adds)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import logging
 import os
 
 from celery.signals import worker_ready
-from django.db.models import Count, Sum, Value
-from django.db.models.functions import Coalesce, NullIf
+from django.db.models import Count, Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.cache import never_cache
@@ -27,6 +26,7 @@ from inference.jobs.status import JobStatus
 from inference.jobs.tiers import TIER_ORDER
 from inference.metrics.events import METRICS_DIR
 from inference.metrics.fairness import FAIRNESS_WINDOW, jain_index, weighted_shares
+from inference.metrics.queue_depth import WAITING_TIER, queue_depths, queued_jobs
 from inference.models import Job, Service
 from renq_site.shared_redis import shared_redis
 from routing.breaker import CircuitBreaker
@@ -50,34 +50,28 @@ class StateCollector:
     @staticmethod
     def _queues():
         depth = GaugeMetricFamily(
-            "renq_queue_depth", "Jobs queued (waiting for a worker), per service and tier.",
+            "renq_queue_depth",
+            "Jobs queued (waiting for a worker), per service and the tier queue they wait in "
+            "(bulk pieces included), as admission counts them.",
             labels=["service", "tier"],
-        )  # fmt: skip
+        )
         running = GaugeMetricFamily(
             "renq_jobs_running", "Jobs claimed by a worker now, per service.", labels=["service"]
         )
         try:
-            counts = {
-                (service, tier, status): n
-                for service, tier, status, n in Job.objects.filter(
-                    status__in=[JobStatus.QUEUED, JobStatus.RUNNING], is_bulk=False
-                )
-                .values_list("service__name", "tier", "status")
+            queued = queue_depths()
+            busy = dict(
+                Job.objects.filter(status=JobStatus.RUNNING, is_bulk=False)
+                .values_list("service_id")
                 .annotate(n=Count("pk"))
                 .order_by()
-            }
+            )
             # Every active service and tier appears, at 0 when idle: dashboards and autoscalers
             # need the series to exist.
-            for service in Service.objects.filter(active=True).values_list("name", flat=True):
+            for pk, service in Service.objects.filter(active=True).values_list("pk", "name"):
                 for tier in TIER_ORDER:
-                    queued = counts.get((service, tier.value, JobStatus.QUEUED), 0)
-                    depth.add_metric([service, tier.value], queued)
-                busy = sum(
-                    n
-                    for (name, _, status), n in counts.items()
-                    if name == service and status == JobStatus.RUNNING
-                )
-                running.add_metric([service], busy)
+                    depth.add_metric([service, tier.value], queued.get((pk, tier.value), (0,))[0])
+                running.add_metric([service], busy.get(pk, 0))
         except Exception:
             logger.exception("metrics: could not count queued jobs")
         yield depth
@@ -101,10 +95,10 @@ class StateCollector:
         )
         try:
             # The tier queue a job waits (or waited) in: its own, or the one aging moved it to.
-            waiting_in = Coalesce(NullIf("serving_tier", Value("")), "tier")
+            waiting_in = WAITING_TIER
             plans: dict[tuple[str, str], dict[int, str]] = {}
             for service, tier, tenant, plan in (
-                Job.objects.filter(status=JobStatus.QUEUED, is_bulk=False)
+                queued_jobs()
                 .annotate(waiting_tier=waiting_in)
                 .values_list("service__name", "waiting_tier", "tenant_id", "tenant__plan")
                 .distinct()
@@ -181,6 +175,17 @@ class StateCollector:
         yield breaker_state
 
 
+# State computed by the wings above this one (the autoscaler's decision, in inference.dispatch):
+# inference.apps adds their collectors at start-up, so this module imports none of them.
+_wing_collectors: list = []
+
+
+def add_state_collector(collector) -> None:
+    """Scrape `collector` (an object with `collect()` yielding metric families) with the state."""
+    if collector not in _wing_collectors:
+        _wing_collectors.append(collector)
+
+
 def registry(*, with_state: bool = True) -> CollectorRegistry:
     """Every process's events (plus the state now), in one registry (fresh per scrape, as
     prometheus-client's multiprocess mode requires)."""
@@ -188,6 +193,8 @@ def registry(*, with_state: bool = True) -> CollectorRegistry:
     multiprocess.MultiProcessCollector(scrape, path=METRICS_DIR)
     if with_state:
         scrape.register(StateCollector())
+        for collector in _wing_collectors:
+            scrape.register(collector)
     return scrape
 
 

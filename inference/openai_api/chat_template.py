@@ -11,16 +11,13 @@ Models without a template (the tiny test LLM, base models) get the documented fa
 
 from __future__ import annotations
 
-import importlib
 import json
 from functools import lru_cache
-from pathlib import Path
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-PACKAGE_PREFIX = "package:"
+from inference.config.model_files import model_folder
 
 
 class ChatTemplateError(ValueError):
@@ -45,16 +42,6 @@ def render_chat(model_ref: str, messages: list[dict[str, str]]) -> str:
 def fallback_prompt(messages: list[dict[str, str]]) -> str:
     lines = [f"{message['role']}: {message['content']}" for message in messages]
     return "\n".join([*lines, "assistant:"])
-
-
-def model_folder(model_ref: str) -> Path:
-    """The folder of `model_ref`, resolved like inference.engines.base.resolve_model_path
-    (which imports torch, so it cannot be used here)."""
-    if model_ref.startswith(PACKAGE_PREFIX):
-        package = importlib.import_module(model_ref[len(PACKAGE_PREFIX) :].strip())
-        return Path(getattr(package, "MODEL_DIR", Path(package.__file__).parent / "model"))
-    path = Path(model_ref).expanduser()
-    return path if path.is_absolute() else PROJECT_ROOT / path
 
 
 @lru_cache(maxsize=64)

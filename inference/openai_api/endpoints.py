@@ -4,13 +4,16 @@ batch line gets exactly the answer the same request would get on its own.
 
     endpoint               kind       job input                           answer object
     /v1/embeddings         embedding  {"texts"}                           "list" of "embedding"
-    /v1/rerank             reranker   {"query", "documents", "top_n"}     {"results": [...]}
+    /v1/rerank             reranker   {"query", "documents", "top_n"}     Cohere v1 / Jina
+    /v2/rerank             reranker   the same                            Cohere v2
+    /rerank                reranker   the same, from {"query", "texts"}   TEI: [{index, score}]
     /v1/chat/completions   llm        {"prompt", "max_tokens", "temperature"}  "chat.completion"
     /v1/completions        llm        the same                            "text_completion"
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +25,8 @@ from inference.openai_api.errors import OpenAIError, bad_request, model_not_foun
 
 EMBEDDINGS = "/v1/embeddings"
 RERANK = "/v1/rerank"
+RERANK_V2 = "/v2/rerank"
+TEI_RERANK = "/rerank"
 CHAT_COMPLETIONS = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 # OpenAI allows up to 4 stop sequences.
@@ -44,13 +49,29 @@ class Endpoint:
     kind: str
     # body → (job input, answer options); raises OpenAIError naming the request field.
     build: Callable[[dict, Service], tuple[dict, dict]]
-    # (finished job, answer options) → the response body.
-    render: Callable[[Job, dict], dict]
+    # (finished job, answer options) → the response body (a list for TEI's rerank).
+    render: Callable[[Job, dict], dict | list]
     # Job-input field → request field, for errors from inference.jobs.inputs.
     field_names: Mapping[str, str]
+    # A request may leave `model` out when one active service of the kind exists (TEI's
+    # API serves one model and has no such field).
+    model_optional: bool = False
 
 
-def find_service(model: Any) -> Service:
+def find_service(model: Any, *, kind: str | None = None) -> Service:
+    """The active service named `model`; with `kind`, a missing model names the only active
+    service of that kind."""
+    if kind is not None and model is None:
+        names = list(
+            Service.objects.filter(kind=kind, active=True).values_list("name", flat=True)[:11]
+        )
+        if len(names) == 1:
+            return find_service(names[0])
+        raise bad_request(
+            f"model is required: there are {len(names)} {kind} services"
+            + (f" ({', '.join(names[:10])})." if names else "."),
+            param="model",
+        )
     if not isinstance(model, str) or not model:
         raise bad_request("you must provide a model parameter.", param="model")
     service = Service.objects.filter(name=model, active=True).first()
@@ -63,7 +84,9 @@ def prepare(endpoint: Endpoint, body: Any) -> JobRequest:
     """Check the body and translate it into a job request (one query: the service)."""
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object.")
-    service = find_service(body.get("model"))
+    service = find_service(
+        body.get("model"), kind=endpoint.kind if endpoint.model_optional else None
+    )
     if service.kind != endpoint.kind:
         raise bad_request(
             f"model '{service.name}' is a {service.kind} service; {endpoint.path} needs a "
@@ -132,44 +155,132 @@ def _render_embeddings(job: Job, options: dict) -> dict:
     }
 
 
-# --- /v1/rerank (Cohere / Jina shape) -------------------------------------------------------
+# --- rerank: Cohere v1 and Jina (/v1/rerank), Cohere v2 (/v2/rerank), TEI (/rerank) ----------
+# One job input for all three; only the request's field names and the answer's shape differ.
+# `relevance_score`/`score` is the score the backend gave: the local cross-encoder's logit,
+# or the cloud API's own score; higher is more relevant either way.
+
+# Cohere bills a query with up to 100 documents as one search unit.
+DOCUMENTS_PER_SEARCH_UNIT = 100
+
+
+def _optional_bool(body: dict, name: str, default: bool = False) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise bad_request(f"{name} must be true or false.", name)
+    return value
+
+
+def _rerank_documents(documents: Any, param: str) -> list[str]:
+    if not isinstance(documents, list) or not documents:
+        raise bad_request(f"{param} must be a non-empty list.", param)
+    texts = []
+    for i, document in enumerate(documents):
+        if isinstance(document, dict):  # Cohere v1's {"text": ...}
+            document = document.get("text")
+        if not isinstance(document, str):
+            raise bad_request('must be a string or {"text": string}.', f"{param}[{i}]")
+        texts.append(document)
+    return texts
+
+
+def _rerank_payload(query: Any, documents: list[str], top_n: Any) -> dict:
+    payload: dict[str, Any] = {"query": query, "documents": documents}
+    if top_n is not None:
+        payload["top_n"] = top_n
+    return payload
 
 
 def _build_rerank(body: dict, service: Service) -> tuple[dict, dict]:
-    documents = body.get("documents")
-    if not isinstance(documents, list) or not documents:
-        raise bad_request("documents must be a non-empty list.", "documents")
-    texts = []
-    for i, document in enumerate(documents):
-        if isinstance(document, dict):  # Cohere's {"text": ...}
-            document = document.get("text")
-        if not isinstance(document, str):
-            raise bad_request('must be a string or {"text": string}.', f"documents[{i}]")
-        texts.append(document)
-    payload: dict[str, Any] = {"query": body.get("query"), "documents": texts}
-    if body.get("top_n") is not None:
-        payload["top_n"] = body["top_n"]
-    return_documents = body.get("return_documents", False)
-    if not isinstance(return_documents, bool):
-        raise bad_request("return_documents must be true or false.", "return_documents")
-    return payload, {"return_documents": return_documents}
+    """Cohere v1/v2 and Jina: {query, documents, top_n, return_documents}. Cohere's
+    max_tokens_per_doc and priority are accepted; the model truncates each document at its
+    own max length, and X-Renq-Priority sets the tier."""
+    max_tokens_per_doc = body.get("max_tokens_per_doc")
+    if max_tokens_per_doc is not None and (
+        isinstance(max_tokens_per_doc, bool)
+        or not isinstance(max_tokens_per_doc, int)
+        or max_tokens_per_doc < 1
+    ):
+        raise bad_request("max_tokens_per_doc must be a positive integer.", "max_tokens_per_doc")
+    payload = _rerank_payload(
+        body.get("query"), _rerank_documents(body.get("documents"), "documents"), body.get("top_n")
+    )
+    return payload, {"return_documents": _optional_bool(body, "return_documents")}
 
 
-def _render_rerank(job: Job, options: dict) -> dict:
+def _build_tei_rerank(body: dict, service: Service) -> tuple[dict, dict]:
+    """TEI: {query, texts, return_text, raw_scores, truncate, truncation_direction}; the model
+    always truncates (at its max length), and scores are returned as the backend gave them."""
+    for name in ("raw_scores", "truncate"):
+        _optional_bool(body, name)
+    direction = body.get("truncation_direction")
+    if direction is not None and direction not in ("Right", "Left", "right", "left"):
+        raise bad_request("truncation_direction must be Right or Left.", "truncation_direction")
+    payload = _rerank_payload(
+        body.get("query"), _rerank_documents(body.get("texts"), "texts"), body.get("top_n")
+    )
+    return payload, {"return_text": _optional_bool(body, "return_text")}
+
+
+def _ranked(job: Job) -> list[tuple[int, float]]:
     scores = job.result["scores"]
+    return [(index, scores[index]) for index in job.result["ranking"]]
+
+
+def _rerank_meta(job: Job, version: str) -> dict:
+    """Cohere's `meta`: the API version answered and what the request was billed."""
+    tokens = _usage_tokens(job)
+    search_units = math.ceil(len(job.input["documents"]) / DOCUMENTS_PER_SEARCH_UNIT)
+    return {
+        "api_version": {"version": version},
+        "billed_units": {"search_units": search_units},
+        "tokens": {"input_tokens": tokens, "output_tokens": 0},
+    }
+
+
+def _rerank_results(job: Job, options: dict) -> list[dict]:
     documents = job.input["documents"]
     results = []
-    for index in job.result["ranking"]:
-        item: dict[str, Any] = {"index": index, "relevance_score": scores[index]}
+    for index, score in _ranked(job):
+        item: dict[str, Any] = {"index": index, "relevance_score": score}
         if options.get("return_documents"):
             item["document"] = {"text": documents[index]}
         results.append(item)
+    return results
+
+
+def _render_rerank(job: Job, options: dict) -> dict:
+    """Cohere v1's RerankResponse, plus Jina's `model` and `usage`."""
     return {
         "id": f"rerank-{job.pk}",
         "model": job.service.name,
-        "results": results,
+        "results": _rerank_results(job, options),
         "usage": {"total_tokens": _usage_tokens(job)},
+        "meta": _rerank_meta(job, "1"),
     }
+
+
+def _render_rerank_v2(job: Job, options: dict) -> dict:
+    """Cohere v2's V2RerankResponse: {id, results: [{index, relevance_score}], meta}."""
+    return {
+        "id": f"rerank-{job.pk}",
+        "results": _rerank_results(job, options),
+        "meta": _rerank_meta(job, "2"),
+    }
+
+
+def _render_tei_rerank(job: Job, options: dict) -> list[dict]:
+    """TEI's answer: a list of {index, score} (and `text` with return_text), best first."""
+    documents = job.input["documents"]
+    answer = []
+    for index, score in _ranked(job):
+        item: dict[str, Any] = {"index": index, "score": score}
+        if options.get("return_text"):
+            item["text"] = documents[index]
+        answer.append(item)
+    return answer
 
 
 # --- /v1/chat/completions and /v1/completions ----------------------------------------------
@@ -307,6 +418,7 @@ def _render_completion(job: Job, options: dict) -> dict:
     }
 
 
+_RERANK_FIELDS = {"input.query": "query", "input.documents": "documents", "input.top_n": "top_n"}
 _GENERATION_FIELDS = {
     "input.max_tokens": "max_tokens",
     "input.temperature": "temperature",
@@ -316,12 +428,15 @@ ENDPOINTS: dict[str, Endpoint] = {
     EMBEDDINGS: Endpoint(
         EMBEDDINGS, "embedding", _build_embeddings, _render_embeddings, {"input.texts": "input"}
     ),
-    RERANK: Endpoint(
-        RERANK,
+    RERANK: Endpoint(RERANK, "reranker", _build_rerank, _render_rerank, _RERANK_FIELDS),
+    RERANK_V2: Endpoint(RERANK_V2, "reranker", _build_rerank, _render_rerank_v2, _RERANK_FIELDS),
+    TEI_RERANK: Endpoint(
+        TEI_RERANK,
         "reranker",
-        _build_rerank,
-        _render_rerank,
-        {"input.query": "query", "input.documents": "documents", "input.top_n": "top_n"},
+        _build_tei_rerank,
+        _render_tei_rerank,
+        {**_RERANK_FIELDS, "input.documents": "texts"},
+        model_optional=True,
     ),
     CHAT_COMPLETIONS: Endpoint(
         CHAT_COMPLETIONS,

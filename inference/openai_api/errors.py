@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from django.http import JsonResponse
 
 from inference.intake.admission import AdmissionRefused
-from inference.jobs.inputs import InputError
+from inference.jobs.inputs import InputError, UnservableJob
 
 
 class OpenAIError(Exception):
@@ -76,6 +76,9 @@ def invalid_api_key(message: str) -> OpenAIError:
 
 def from_input_error(exc: InputError, field_names: Mapping[str, str]) -> OpenAIError:
     """A job-input error named as the request's field: `input.texts[2]` → `input[2]`."""
+    if isinstance(exc, UnservableJob):
+        # The request as a whole, not one field: no configured backend can serve it.
+        return bad_request(exc.message, code=exc.code)
     param = exc.field
     for job_field, request_field in field_names.items():
         if param == job_field or param.startswith((f"{job_field}[", f"{job_field}.")):

@@ -1,5 +1,6 @@
 """/v1/: the OpenAI-compatible front door (served under ASGI by renq_site.asgi). The Batch API's
-routes (inference.batch_api.urls) join these in renq_site.urls."""
+routes (inference.batch_api.urls) join these in renq_site.urls, which mounts
+`root_urlpatterns` (the rerank shapes of Cohere's v2 API and of TEI) at their own paths."""
 
 from django.urls import path
 
@@ -14,4 +15,10 @@ urlpatterns = [
     path("completions", views.completions, name="completions"),
     path("models", views.models, name="models"),
     path("models/<str:model>", views.model_detail, name="model"),
+]
+
+# Clients of other rerank APIs call these paths as their SDKs know them.
+root_urlpatterns = [
+    path("v2/rerank", views.rerank_v2, name="rerank-v2"),
+    path("rerank", views.tei_rerank, name="tei-rerank"),
 ]

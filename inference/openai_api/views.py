@@ -179,7 +179,7 @@ async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpRespo
     except OpenAIError as exc:
         exc.headers.update(headers)
         raise
-    response = JsonResponse(answer)
+    response = JsonResponse(answer, safe=False)  # TEI's rerank answers with a list
     for name, value in headers.items():
         response[name] = value
     return response
@@ -268,6 +268,16 @@ async def embeddings(request: HttpRequest) -> HttpResponse:
 @openai_view("POST")
 async def rerank(request: HttpRequest) -> HttpResponse:
     return await answer_with_job(request, ENDPOINTS[endpoints.RERANK])
+
+
+@openai_view("POST")
+async def rerank_v2(request: HttpRequest) -> HttpResponse:
+    return await answer_with_job(request, ENDPOINTS[endpoints.RERANK_V2])
+
+
+@openai_view("POST")
+async def tei_rerank(request: HttpRequest) -> HttpResponse:
+    return await answer_with_job(request, ENDPOINTS[endpoints.TEI_RERANK])
 
 
 @openai_view("POST")

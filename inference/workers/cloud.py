@@ -17,6 +17,7 @@ from inference.jobs.transitions import Outcome
 from inference.metrics.log_fields import job_fields
 from inference.models import Job
 from inference.workers import worker_identity
+from inference.workers.leases import lease_keeper
 from routing.backends.base import BackendError
 from routing.calls import GuardedCaller
 from routing.models import Backend
@@ -25,6 +26,11 @@ logger = logging.getLogger(__name__)
 
 
 def run_cloud_attempt(job_id: str, backend_id: int, *, redelivered: bool = False) -> dict:
+    with lease_keeper.holding():
+        return _attempt(job_id, backend_id, redelivered=redelivered)
+
+
+def _attempt(job_id: str, backend_id: int, *, redelivered: bool) -> dict:
     worker = worker_identity()
     claim = Job.objects.claim(
         [job_id], redelivered_ids=[job_id] if redelivered else [], worker=worker

@@ -36,59 +36,65 @@ from routing.backends.base import LocalEngineError
 from routing.cascade import FallbackCascade
 from routing.models import Backend, JobRoute
 
-# A claim older than this (and older than 10 × the service's inference_timeout) is presumed
-# dead: its worker died and the message was lost with it (celery#5641 does not requeue a
-# message twice).
-STALE_CLAIM_FLOOR_S = 120.0
 # A job waiting for workers that are not there (a GPU worker crashed or was stopped, no I/O
 # worker runs) is handed to the next fallback once its queues have had no consumer for this
 # long: a worker restart, model load included, must not send a backlog to a paid API.
 STRANDED_AFTER_S = settings.RENQ_STRANDED_AFTER_S
 
 
-def recover_stale_claims(now=None) -> int:
+def take_over_lapsed_leases(now=None) -> int:
+    """Jobs whose worker stopped renewing their lease (it hung, died, or lost Postgres) are
+    queued and published again; one lost too often is failed instead. A worker that renews
+    meanwhile keeps its job: the move names the lapsed lease it takes. Run every
+    RENQ_LEASE_CHECK_INTERVAL_S by the control worker. Returns jobs taken over."""
     now = now or timezone.now()
-    recovered = 0
-    running = Job.objects.filter(
-        status=JobStatus.RUNNING,
-        is_bulk=False,
-        claimed_at__lt=now - timedelta(seconds=STALE_CLAIM_FLOOR_S),
-    ).select_related("service", "tenant", "route__backend")
-    for job in running[:1000]:
-        stale_after = max(STALE_CLAIM_FLOOR_S, 10 * job.service.inference_timeout)
-        if job.claimed_at > now - timedelta(seconds=stale_after):
-            continue
-        held = Job.objects.filter(pk=job.pk, claim_token=job.claim_token)
+    taken_over = 0
+    lapsed = Job.objects.lapsed(now).select_related("service", "tenant", "route__backend")
+    for job in lapsed[:1000]:
+        held = Job.objects.filter(pk=job.pk, claim_token=job.claim_token).lapsed(now)
         if job.attempts >= settings.RENQ_MAX_ATTEMPTS:
-            held.fail(f"no result after {job.attempts} attempts; the workers running it died")
+            held.fail(f"no result after {job.attempts} attempts; the workers running it were lost")
             continue
         if held.requeue():
             publish(job)  # where its backend is: the local tier queue or an I/O queue
-            recovered += 1
-    return recovered
+            taken_over += 1
+    return taken_over
 
 
-# A queued job whose message was confirmed this long ago, while its queue holds no message at
-# all, has lost its message (a worker acked it and then failed before claiming, or a broker
-# lost it): it is published again. A duplicate is harmless (the claim runs a job once), so the
-# bound is short: a lost message is found within LOST_MESSAGE_AFTER_S + one sweep interval.
-LOST_MESSAGE_AFTER_S = 30.0
+# A job that has waited this long since its last publish is published again however long
+# its queue is (a duplicate costs one message, dropped at the claim). A job that has waited
+# longer is re-sent at most every half of its wait so far, up to this cap: a long backlog
+# costs a few duplicates per job, a lost message is still found within a bounded time.
+LOST_MESSAGE_RECHECK_MAX_S = 60.0
 
 
-def republish_lost_messages(now=None, *, lost_after_s: float = LOST_MESSAGE_AFTER_S) -> int:
+def republish_lost_messages(now=None, *, lost_after_s: float | None = None) -> int:
+    """Queued jobs whose message may be gone (a broker that lost its queues, a worker that
+    acked a message and died before claiming) are published again, busy queue or not: at
+    once when their queue holds no message at all, else once their last publish is older
+    than lost_after_s and than half their wait (at most LOST_MESSAGE_RECHECK_MAX_S). The
+    claim runs a job once, so a duplicate is harmless."""
     now = now or timezone.now()
+    lost_after_s = settings.RENQ_LOST_MESSAGE_AFTER_S if lost_after_s is None else lost_after_s
     waiting = list(
         Job.objects.filter(
             status=JobStatus.QUEUED,
-            is_bulk=False,
+            is_bulk=False,  # a bulk parent has no message; its pieces do
             published_at__lt=now - timedelta(seconds=lost_after_s),
-        ).select_related("service", "tenant", "route__backend")[:1000]
+        ).select_related("service", "tenant", "route__backend")[:5000]
     )
     if not waiting:
         return 0
     targets = {job.pk: destination(job).queue for job in waiting}
     empty = {q for q, n in ready_message_counts(sorted(set(targets.values()))).items() if n == 0}
-    return sum(publish(job) for job in waiting if targets[job.pk] in empty)
+
+    def overdue(job: Job) -> bool:
+        since_publish_s = (now - job.published_at).total_seconds()
+        waited_s = (now - job.created_at).total_seconds()
+        return since_publish_s >= min(waited_s / 2, LOST_MESSAGE_RECHECK_MAX_S)
+
+    lost = [job for job in waiting if targets[job.pk] in empty or overdue(job)]
+    return publish_many(lost, charged=True)
 
 
 # One promotion run moves at most this many jobs (in pieces of PROMOTION_CHUNK, oldest first).
@@ -147,7 +153,6 @@ def _move_due_jobs(now) -> list:
                 status=JobStatus.QUEUED,
                 tier=own,
                 serving_tier="" if current == own else current,
-                parent__isnull=True,
                 created_at__lt=now - timedelta(seconds=entered_at_s),
             )
             while len(moved) < MAX_PROMOTIONS_PER_RUN:
@@ -281,7 +286,6 @@ def sweep_jobs() -> dict:
         "republished": republish_unpublished(),
         "lost_republished": republish_lost_messages(),
         "rescued": rescue_stranded_jobs(),
-        "recovered": recover_stale_claims(),
         "expired": expire_overdue(),
         "bulks_finished": finish_stalled_bulks(),
         "batches_restarted": restart_stalled_batches(),  # the Batch API (inference.batch_api)

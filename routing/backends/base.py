@@ -112,13 +112,22 @@ class LocalEngineError(BackendError):
 
 class BackendAdapter(abc.ABC):
     """One per backend kind. `call` runs one job's payload and returns renq's result shape,
-    or raises a BackendError; `unavailable_reason` says why the router must not pick it now."""
+    or raises a BackendError; `misconfiguration` says why the router may never pick it as
+    configured, `unavailable_reason` why it must not pick it now."""
 
     placement: ClassVar[Placement] = Placement.IO_WORKERS
     service_kinds: ClassVar[tuple[str, ...]] = SERVICE_KINDS
 
     def __init__(self, backend: Any):
         self.backend = backend
+
+    def misconfiguration(self) -> str | None:
+        """Why this backend can serve no job until its configuration changes, or None."""
+        return None
+
+    def context_tokens(self, request: RoutingRequest) -> int:
+        """The longest sequence of the job that this backend's context must hold."""
+        return request.sequence_tokens
 
     def unavailable_reason(self, request: RoutingRequest) -> str | None:
         """Why this backend cannot take the job now (beyond limits and breaker), or None."""

@@ -13,6 +13,12 @@ from routing.request import RoutingRequest
 class LocalAdapter(BackendAdapter):
     placement = Placement.LOCAL_WORKERS
 
+    def context_tokens(self, request: RoutingRequest) -> int:
+        # The service's own model reads no more of a sequence than its max length.
+        if request.local_truncation_tokens is None:
+            return request.sequence_tokens
+        return min(request.sequence_tokens, request.local_truncation_tokens)
+
     def unavailable_reason(self, request: RoutingRequest) -> str | None:
         if request.workers.local_consumer_count() == 0:
             return f"no worker consuming the {request.service_name} queues"

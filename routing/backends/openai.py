@@ -176,11 +176,12 @@ class OpenAIAdapter(BackendAdapter):
             return backend.api_key_env
         return None
 
-    def unavailable_reason(self, request) -> str | None:
+    def misconfiguration(self) -> str | None:
         # A backend that cannot authenticate fails every job: never choose it.
         missing = self.missing_key_variable()
-        if missing:
-            return f"misconfigured: environment variable {missing} is not set"
+        return f"environment variable {missing} is not set" if missing else None
+
+    def unavailable_reason(self, request) -> str | None:
         # Its calls are made by the I/O workers: with none running, a job would strand.
         if request.workers.io_consumer_count() == 0:
             return "no I/O worker consuming the io queues"

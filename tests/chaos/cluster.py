@@ -84,6 +84,9 @@ class Cluster:
             # Short, so scenario 6 need not wait half a minute (noop jobs have no route and are
             # never rescued; the stranded rescue looks only at routed jobs).
             "RENQ_STRANDED_AFTER_S": "3",
+            # Longer than SETTLED_WITHIN_S (test_scenarios): a job that needed the lost-message
+            # sweep (its message taken and never handed back) fails its scenario.
+            "RENQ_LOST_MESSAGE_AFTER_S": "60",
             "RENQ_LOG_LEVEL": "WARNING",
             **env,
         }
@@ -354,6 +357,7 @@ class Report:
     server_errors: int = 0
     final_after_s: float | None = None
     extra: dict = field(default_factory=dict)
+    suite: str = "chaos"  # the line's label: the multi-host suite reports as "cluster"
 
     def line(self) -> str:
         reasons = "; ".join(f"{n}× {r}" for r, n in self.failed_reasons.most_common(5))
@@ -363,7 +367,7 @@ class Report:
         )
         http = dict(sorted(self.http.items()))
         return (
-            f"[chaos] {self.scenario}: submitted={self.submitted} http={http} "
+            f"[{self.suite}] {self.scenario}: submitted={self.submitted} http={http} "
             f"accepted={self.accepted} completed={self.completed} failed={self.failed}"
             f"{f' ({reasons})' if reasons else ''} lost={self.lost}"
             f"{f' {dict(self.lost_states)}' if self.lost else ''} duplicated={self.duplicated} "

@@ -12,7 +12,8 @@ service that CI and other developers share:
   sorry, too many clients already", SQLSTATE 53300).
 - `restore()`: new connections are forwarded again.
 
-Threads only (one accept loop, two pumps per connection); nothing listens beyond 127.0.0.1.
+Threads only (one accept loop, two pumps per connection). It listens on 127.0.0.1 unless given
+another local address (`bind_host`: the multi-host suite's veth addresses).
 """
 
 from __future__ import annotations
@@ -80,12 +81,20 @@ class _Link:
 
 
 class FaultProxy:
-    def __init__(self, target_port: int, *, target_host: str = "127.0.0.1", name: str = ""):
+    def __init__(
+        self,
+        target_port: int,
+        *,
+        target_host: str = "127.0.0.1",
+        bind_host: str = "127.0.0.1",
+        name: str = "",
+    ):
         self.name = name or f"proxy->{target_port}"
         self.target = (target_host, target_port)
+        self.bind_host = bind_host
         self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._listener.bind(("127.0.0.1", 0))
+        self._listener.bind((bind_host, 0))
         self._listener.listen(512)
         self.port = self._listener.getsockname()[1]
         self._lock = threading.Lock()
@@ -156,7 +165,7 @@ class FaultProxy:
 
     def url(self, scheme_and_auth: str, path: str = "") -> str:
         """e.g. url("amqp://guest:guest@", "//") → amqp://guest:guest@127.0.0.1:<port>//"""
-        return f"{scheme_and_auth}127.0.0.1:{self.port}{path}"
+        return f"{scheme_and_auth}{self.bind_host}:{self.port}{path}"
 
     # --- internals -------------------------------------------------------------------------
 

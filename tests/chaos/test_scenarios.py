@@ -73,7 +73,7 @@ class LogWatch:
 
 REQUEUED = "message goes back to its queue"
 # Every accepted job final this soon after a fault ends: well under the lost-message sweep's
-# 30 s (inference.workers.sweeper.LOST_MESSAGE_AFTER_S), so a job that needed that sweep —
+# bound (RENQ_LOST_MESSAGE_AFTER_S, set long for these processes), so a job that needed it —
 # its message was taken and never handed back — fails the scenario instead of passing late.
 # The broker scenarios allow 5 s more: jobs accepted during the outage wait for the outbox
 # sweep (10 s after they were accepted).
@@ -335,8 +335,8 @@ def bulk_job(i: int, texts: int) -> tuple[str, dict]:
 
 
 def redis_outage(s, outage_s: float, bulks: int, *, real_service: bool = False) -> None:
-    # Slow single jobs first, so the bulk pieces behind them finish while Redis is away and
-    # their chord cannot count them.
+    # Slow single jobs first, so the bulk pieces behind them finish while Redis is away (the
+    # fair share, rate limits and stats live there): every bulk must still be assembled.
     busy_backlog(s, 32, sleep_ms=100)
     s.clients.run([bulk_job(i, 40) for i in range(bulks)])
     rate = 6.0
@@ -391,7 +391,6 @@ def redis_outage(s, outage_s: float, bulks: int, *, real_service: bool = False) 
     )
     parents = Job.objects.filter(tenant=s.tenant, is_bulk=True)
     report.extra.update(
-        # A piece finished while the result backend was away: its chord never counts it.
         result_backend_errors=watch.count("Pool callback raised exception")
         + watch.count("Task handler raised error"),
         worker_requeued=watch.count(REQUEUED),

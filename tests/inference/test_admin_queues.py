@@ -96,9 +96,11 @@ def test_full_queue_and_tenant_quota_are_reasons(admin_client, make_tenant, make
     # 8 queued of 10: batch may fill 9 (realtime alone the last one), so not full yet.
     assert found["batch", "acme"].reasons == ["tenant_quota", "tier_share"]
     assert found["realtime", "globex"].reasons == ["next_in_line"]
-    queue(globex, service, "realtime", 1)
+    queue(acme, service, "batch", 3)
     found = lines(admin_client.get(f"/admin/queues/{service.name}/"))
-    # 9 queued: batch may fill 9 of 10 (the rest is realtime's), realtime all 10.
+    # Batch may fill 9 of 10 (the rest is realtime's); against acme count its own 6 and
+    # globex's 5 up to a tenant's share (a quarter of 9: 3), so 9: full. Against globex's
+    # realtime, its own 5 and acme's 3 of 10: room.
     assert found["batch", "acme"].reasons == ["queue_full", "tenant_quota", "tier_share"]
     assert found["realtime", "globex"].reasons == ["next_in_line"]
 

@@ -97,7 +97,7 @@ def test_docker_compose_config_accepts_the_file_and_requires_every_secret():
         assert refused.returncode != 0 and secret in refused.stderr, (secret, refused.stderr)
 
 
-def test_every_gpu_worker_also_consumes_its_bulk_queues():
+def test_every_gpu_worker_consumes_its_tier_queues():
     gpu_workers = {}
     for name, args in workers().items():
         queues = set(option(args, "-Q").split(","))
@@ -106,7 +106,7 @@ def test_every_gpu_worker_also_consumes_its_bulk_queues():
             gpu_workers[name] = kinds
             for kind in kinds:
                 tiers = {f"{kind}.{tier}" for tier in ("realtime", "api", "batch", "offline")}
-                assert tiers | {f"{kind}.bulk"} <= queues, name
+                assert tiers <= queues, name
     served = {kind for kinds in gpu_workers.values() for kind in kinds}
     assert served == set(GPU_SERVICE_KINDS)
 

@@ -58,8 +58,26 @@ def test_readyz_ok_when_every_dependency_answers(client):
     assert response.json() == {
         "status": "ok",
         "checks": {"database": "ok", "migrations": "ok", "broker": "ok", "redis": "ok"},
+        "warnings": [],
     }
     assert "no-cache" in response["Cache-Control"]
+
+
+@pytest.mark.django_db
+def test_readyz_stays_ready_and_names_a_backend_whose_key_is_unset(
+    client, make_backend, monkeypatch
+):
+    monkeypatch.delenv("RENQ_TEST_UNSET_KEY", raising=False)
+    make_backend("local-gpu", kind="local")
+    make_backend("keyless", api_key_env="RENQ_TEST_UNSET_KEY")
+    make_backend("keyed")
+    response = client.get("/readyz")
+    assert response.status_code == 200, response.content
+    assert response.json()["status"] == "ok"
+    assert response.json()["warnings"] == [
+        "backend keyless: unusable, never chosen: environment variable RENQ_TEST_UNSET_KEY is "
+        "not set"
+    ]
 
 
 @pytest.mark.django_db

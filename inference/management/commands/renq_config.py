@@ -9,6 +9,7 @@ from inference.config.file import (
     ConfigFileError,
     apply_config,
     dump_config_yaml,
+    file_backend_warnings,
     read_config_file,
 )
 
@@ -48,6 +49,9 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         except ConfigFileError as exc:
             raise CommandError(f"{len(exc.problems)} problem(s) in the file:\n{exc}") from exc
+        # Valid, but not every backend usable here (e.g. a key variable unset): say which.
+        for warning in file_backend_warnings(doc):
+            self.stderr.write(f"warning: {warning}")
         if action == "check":
             self.stdout.write(f"{options['path']}: valid")
             return

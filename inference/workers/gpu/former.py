@@ -16,7 +16,7 @@ from inference.jobs.tiers import Tier
 from inference.models import Service
 from inference.scheduling.batch_window import BatchItem, BatchWindow
 from inference.scheduling.cost_model import BatchCostModel, pass_target_s
-from inference.workers.gpu.held import Held, engine_payload
+from inference.workers.gpu.held import Held, Parts, engine_payload
 from inference.workers.gpu.intake import Intake, WindowPolls
 from inference.workers.gpu.line import Line
 from inference.workers.tier_reader import BROKER_ERRORS, PulledMessage, WeightedShare
@@ -54,9 +54,9 @@ class BatchFormer:
         return self._cost_model.current().predict_s(tokens, padding_ratio=self._padding)
 
     def hold(self, held: Held, tier: Tier | None) -> None:
-        """A claimed job that is not running yet joins the line: realtime work and jobs of no
-        tier queue (bulk pieces) at the end of the front, the others (sized now) by their
-        tier queue, for its turn."""
+        """A claimed job that is not running yet joins the line: realtime work (and a job whose
+        tier queue is unknown) at the end of the front, the others (sized now) by their tier
+        queue, for its turn."""
         if tier in WeightedShare.TIERS and not self.item(held).realtime:
             self._line.wait_for_turn(held, tier)
         else:
@@ -171,8 +171,36 @@ class BatchFormer:
             held.steps = None if realtime else self._decode_steps(payload, tokens)
             if held.steps is not None:
                 tokens = self._engine.decode_progress(payload)[0] + held.steps
+            if held.parts is not None or (
+                getattr(self._engine, "runs_in_parts", False) and tokens > self._pass_tokens()
+            ):
+                tokens = self._next_part(held, payload)
             held.item = BatchItem(value=held, tokens=tokens, realtime=realtime)
         return held.item
+
+    def _pass_tokens(self) -> int:
+        """The most tokens one pass may hold: the batch's token budget, and what the cost
+        model says runs within the run budget and half the inference_timeout."""
+        service = self.service
+        budget_s = self._max_run_s
+        if service.inference_timeout > 0:
+            budget_s = min(budget_s, service.inference_timeout / 2)
+        within = self._cost_model.current().tokens_within(budget_s, padding_ratio=self._padding)
+        return min(service.max_total_tokens, within) if within > 0 else service.max_total_tokens
+
+    def _next_part(self, held: Held, payload: dict) -> int:
+        """A job too large for one pass runs in parts: the next range of its texts that fits
+        one pass (at least one text). Returns the range's tokens."""
+        if held.parts is None:
+            texts = payload["texts"]
+            held.parts = Parts(self._engine.count_tokens_many([{"texts": [t]} for t in texts]))
+        lengths, start = held.parts.lengths, held.parts.done
+        limit, end, tokens = self._pass_tokens(), start, 0
+        while end < len(lengths) and (end == start or tokens + lengths[end] <= limit):
+            tokens += lengths[end]
+            end += 1
+        held.part = (start, end)
+        return tokens
 
     def _take_waiting(self, window: BatchWindow) -> bool:
         """Offer the next claimed job of the first tier (in the share's order) that has any;

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+
+from opentelemetry.trace import SpanContext
 
 from inference.engines.llm import RESUME
 from inference.jobs.kinds import kind_of
@@ -29,6 +31,19 @@ class Resume:
 
 
 @dataclass
+class Parts:
+    """A job too large for one pass (more tokens than a batch's budget or its run budget
+    allows): its texts run in consecutive ranges, pass after pass on this worker, and the
+    ranges' results are put together in input order."""
+
+    lengths: list[int]  # each text's tokens, as the model reads it (truncated)
+    done: int = 0  # texts run so far
+    results: list = field(default_factory=list)  # each earlier range's embeddings
+    inference_ms: float = 0.0
+    started_at: datetime | None = None
+
+
+@dataclass
 class Held:
     """A job this worker has claimed and not yet run (or not run to its end)."""
 
@@ -37,6 +52,14 @@ class Held:
     item: BatchItem | None = None  # as the batch window sizes it; None until sized
     steps: int | None = None  # decode steps its next pass may take (None: to the end)
     resume: Resume | None = None
+    parts: Parts | None = None  # a job run in parts, once its first range is sized
+    part: tuple[int, int] | None = None  # the range of its texts its next pass runs
+    trace: SpanContext | None = None  # its message's (renq_site.tracing), when tracing is on
+
+    @property
+    def started(self) -> bool:
+        """An earlier pass ran part of it: it stays with this worker to its end."""
+        return self.resume is not None or (self.parts is not None and self.parts.done > 0)
 
     def resumed_payload(self) -> dict:
         """The engine's payload for its next pass: where its earlier passes left off."""
@@ -46,7 +69,12 @@ class Held:
         return payload
 
 
+# The result of a pass that ran one range of a job run in parts, not its last: kept by the
+# worker (Parts), nothing to store yet.
+PART_RUN = "renq_part_run"
+
+
 def left_unfinished(outcome: Outcome) -> bool:
-    """The pass stopped this generation early (chunked decoding): its result is the engine's
-    state to continue from, not an outcome to store."""
-    return outcome.result is not None and RESUME in outcome.result
+    """The pass left this job unfinished (chunked decoding, or a range of a job run in
+    parts): its result is state to continue from, not an outcome to store."""
+    return outcome.result is not None and (RESUME in outcome.result or PART_RUN in outcome.result)

@@ -8,21 +8,27 @@ ledger until its jobs' outcomes are stored.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 
+from django.db import DatabaseError
+
 from inference.dispatch import fair_share
-from inference.dispatch.publishing import dead_letter
+from inference.dispatch.publishing import dead_letter, publish_many
 from inference.dispatch.queues import tier_queue
 from inference.jobs.tiers import Tier
 from inference.jobs.transitions import Claim
-from inference.models import Job
+from inference.models import Job, JobStatus
 from inference.scheduling.batch_window import BatchWindow
 from inference.workers.gpu.held import Held
 from inference.workers.gpu.ledger import MessageLedger
 from inference.workers.gpu.line import Line
 from inference.workers.gpu.report import BatchReport
 from inference.workers.tier_reader import PulledMessage, ReaderPool, TierQueueReader
+from renq_site import tracing
+
+logger = logging.getLogger(__name__)
 
 
 def note_claim(claim: Claim, report: BatchReport) -> None:
@@ -136,15 +142,47 @@ class Intake:
                 taken[queue] = max(float(start), taken.get(queue, 0.0))
         fair_share.advance(taken)
 
+    def hand_back(self, held: list[Held]) -> int:
+        """Claimed jobs no pass of this worker has started go back to their queues, each
+        still holding its place in its tenant's fair share: an idle peer takes them at once,
+        and this worker again if none does. A message whose jobs are all settled or handed
+        back is acked. Returns the jobs handed back."""
+        if not held:
+            return 0
+        released: list = []
+        try:
+            for token in {h.claim.token for h in held}:
+                ids = [h.job.pk for h in held if h.claim.token == token]
+                if Job.objects.filter(pk__in=ids, claim_token=token).release():
+                    released.extend(ids)
+            jobs = Job.objects.filter(pk__in=released, status=JobStatus.QUEUED).select_related(
+                "service", "tenant", "route__backend"
+            )
+            # One whose publish is not confirmed is found by the lost-message sweep.
+            publish_many(list(jobs.order_by("created_at")), charged=True)
+        except DatabaseError:
+            # Postgres is away: what is still claimed stays here and runs in a later pass.
+            logger.warning("could not hand back %d claimed jobs", len(held), exc_info=True)
+            kept = {h.job.pk for h in held} - set(released)
+            self._line.put_first([h for h in held if h.job.pk in kept])
+        self._ledger.ack(self._ledger.finished({str(h.job.pk) for h in held}))
+        self._report.handed_back += len(released)
+        return len(released)
+
     def claim(self, pulled: list[PulledMessage]) -> list[tuple[Held, Tier]]:
         """Claim the pulled messages' jobs in one go: the jobs to run, each with the tier of
         the message that brought it. A message with no job left to run is acked now."""
+        traces = [tracing.message_context(pm.message.headers) for pm in pulled]
+        job_ids = [job_id for pm in pulled for job_id in pm.job_ids]
         try:
-            claim = Job.objects.claim(
-                [job_id for pm in pulled for job_id in pm.job_ids],
-                redelivered_ids=[i for pm in pulled if pm.redelivered for i in pm.job_ids],
-                worker=self._worker,
-            )
+            with tracing.batch_span(
+                "renq.claim", traces, service=self._service_name, job_ids=job_ids
+            ):
+                claim = Job.objects.claim(
+                    job_ids,
+                    redelivered_ids=[i for pm in pulled if pm.redelivered for i in pm.job_ids],
+                    worker=self._worker,
+                )
         except BaseException:
             # Not in the ledger yet, so the run's failure handler would not hand them back:
             # they would stay unacked on this reader's live channel until the lost-message sweep.
@@ -153,14 +191,19 @@ class Intake:
         note_claim(claim, self._report)
         claimed_ids = {str(job.pk) for job in claim.jobs}
         tier_of: dict[str, Tier] = {}
-        for pm in pulled:
+        trace_of: dict = {}
+        for pm, trace in zip(pulled, traces, strict=True):
             mine = claimed_ids.intersection(pm.job_ids)
             if self.reader is not None:
                 self.reader.claimed(pm, len(mine))
             if mine:
                 self._ledger.track(pm, mine)
                 tier_of.update(dict.fromkeys(mine, pm.tier))
+                trace_of.update(dict.fromkeys(mine, trace))
             else:
                 # Duplicates, cancelled, expired or finished jobs: nothing to run.
                 self._ledger.ack([pm])
-        return [(Held(job, claim), tier_of[str(job.pk)]) for job in claim.jobs]
+        return [
+            (Held(job, claim, trace=trace_of[str(job.pk)]), tier_of[str(job.pk)])
+            for job in claim.jobs
+        ]

@@ -12,8 +12,8 @@ from inference.workers.tier_reader import WeightedShare
 class Line:
     """Claimed jobs that are not running yet.
 
-    The front — claimed realtime jobs, bulk pieces, a formed batch that yielded to realtime
-    work — runs before anything else. Claimed jobs of the tiers below realtime that did not
+    The front — claimed realtime jobs, a formed batch that yielded to realtime work — runs
+    before anything else. Claimed jobs of the tiers below realtime that did not
     fit the batch they were pulled for, and chunked generations to continue, wait for their
     tier's turn in the weighted share, which charges them when they run, so the jobs of one
     message (or the passes of one generation) do not run back to back ahead of the other
@@ -57,6 +57,17 @@ class Line:
         """The next claimed job of the first tier (in the share's order) that has any."""
         tier = next(t for t in self.share.order() if self._waiting[t])
         return tier, self._waiting[tier][0]
+
+    def take_unstarted(self) -> list[Held]:
+        """Every claimed job here that no pass has started (a chunked generation, a job run in
+        parts, stays to its end): the worker hands them back rather than hold what an idle
+        peer could start."""
+        unstarted = [h for h in self.front if not h.started]
+        self.front = deque(h for h in self.front if h.started)
+        for tier, waiting in self._waiting.items():
+            unstarted.extend(h for h in waiting if not h.started)
+            self._waiting[tier] = deque(h for h in waiting if h.started)
+        return unstarted
 
     def take_waiting(self, tier: Tier) -> Held:
         """The tier's next waiting job runs: its tier is charged for it."""

@@ -14,7 +14,9 @@ import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
+from dataclasses import replace
 
+import numpy as np
 from django.utils import timezone
 
 from inference.engines.llm import RESUME
@@ -23,7 +25,7 @@ from inference.jobs.transitions import Outcome
 from inference.models import Service
 from inference.scheduling.cost_model import BatchCostModel
 from inference.workers.gpu.former import BatchFormer
-from inference.workers.gpu.held import Held, Resume, left_unfinished
+from inference.workers.gpu.held import PART_RUN, Held, Resume, left_unfinished
 from inference.workers.gpu.intake import Intake
 from inference.workers.gpu.ledger import MessageLedger
 from inference.workers.gpu.line import Line
@@ -36,6 +38,7 @@ from inference.workers.tier_reader import (
     TierQueueReader,
     WeightedShare,
 )
+from renq_site import tracing
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +121,7 @@ class DrainLoop:
             upcoming = self.former.form() if self.line.holding or self.intake.pulling else []
             formed_at = time.monotonic()
             outcomes = self._wait(held, future)
-            unfinished = self._carry_on(held, outcomes)
+            unfinished, finished = self._carry_on(held, outcomes)
             if not upcoming and (
                 unfinished or (self.intake.pulling and time.monotonic() - formed_at > FORM_AHEAD_S)
             ):
@@ -127,7 +130,7 @@ class DrainLoop:
             running = (upcoming, self._start(upcoming)) if upcoming else None
             # While the next batch runs: this one's outcomes go to the store thread (once the
             # one before is stored and its finished messages acked).
-            self.writer.write(held, outcomes, self.former.service)
+            self.writer.write(held, finished, self.former.service, passed=outcomes)
 
     def realtime_first(self, upcoming: list[Held]) -> list[Held]:
         """A batch formed during the previous pass yields to realtime work that arrived
@@ -153,13 +156,25 @@ class DrainLoop:
     def _start(self, batch: list[Held]) -> Future:
         self.report.batches += 1
         self._started_at = time.monotonic()
-        plans = [(h.steps, h.resume) for h in batch]
-        return self._model_thread.infer(
+        plans = [(h.steps, h.resume, h.part) for h in batch]
+        span = tracing.start_batch_span(
+            "renq.forward",
+            [h.trace for h in batch],
+            service=self.former.service.name,
+            batch_size=len(batch),
+            job_ids=[str(h.job.pk) for h in batch] if tracing.enabled() else None,
+        )
+        future = self._model_thread.infer(
             self._engine,
             [h.job for h in batch],
             [h.item.tokens for h in batch],
-            plans if any(steps or resume for steps, resume in plans) else None,
+            plans if any(any(plan) for plan in plans) else None,
         )
+        tracing.end_when_done(span, future)
+        # Work-sharing: this worker holds what its next pass runs (formed while this one
+        # runs), not what a peer could start now; handed back while the model is busy.
+        self.intake.hand_back(self.line.take_unstarted())
+        return future
 
     def _wait(self, batch: list[Held], future: Future) -> list[Outcome]:
         limit_s = self.former.service.inference_timeout
@@ -174,13 +189,23 @@ class DrainLoop:
             error = f"the forward pass exceeded the service's inference_timeout ({limit_s:g} s)"
             return [Outcome(job=h.job, error=error, started_at=started_at) for h in batch]
 
-    def _carry_on(self, batch: list[Held], outcomes: list[Outcome]) -> bool:
-        """Generations the pass left unfinished stay claimed in the line: each waits for its
-        tier's turn in the weighted share like any claimed job, so a chunked low-tier
-        generation does not run ahead of claimed higher-tier work. Bulk pieces (no tier queue
-        of their own) go back to the front. True if there were any."""
+    def _carry_on(
+        self, batch: list[Held], outcomes: list[Outcome]
+    ) -> tuple[bool, list[Outcome]]:
+        """Jobs the pass left unfinished (a chunked generation, a job run in parts with ranges
+        left) stay claimed in the line: each waits for its tier's turn in the weighted share
+        like any claimed job, so it does not run ahead of claimed higher-tier work (a realtime
+        one goes back to the front), and realtime work runs between its passes. Returns
+        whether there were any, and the outcomes to store (for a job run in parts, the whole
+        job's, once its last range ran)."""
         unfinished = []
-        for held, outcome in zip(batch, outcomes, strict=True):
+        finished = list(outcomes)
+        for i, (held, outcome) in enumerate(zip(batch, outcomes, strict=True)):
+            if held.part is not None:
+                finished[i] = self._part_run(held, outcome)
+                if left_unfinished(finished[i]):
+                    unfinished.append(held)
+                continue
             if not left_unfinished(outcome):
                 continue
             before = held.resume
@@ -198,10 +223,33 @@ class DrainLoop:
         front = []
         for held in unfinished:
             tier = Tier(held.job.serving_tier or held.job.tier)
-            if held.job.parent_id is None and tier in WeightedShare.TIERS:
+            if tier in WeightedShare.TIERS:
                 # Sized again and charged to its tier when its turn comes (former.fill).
                 self.line.wait_for_turn(held, tier)
             else:
                 front.append(held)
         self.line.put_first(front)
-        return bool(unfinished)
+        return bool(unfinished), finished
+
+    @staticmethod
+    def _part_run(held: Held, outcome: Outcome) -> Outcome:
+        """One range of a job run in parts has run: kept until the last one, whose outcome
+        is the whole job's (every range's embeddings, in input order). A failed range fails
+        the job."""
+        parts, (_, end) = held.parts, held.part
+        held.part, held.item = None, None  # the next range is sized when its turn comes
+        if outcome.result is None:
+            return outcome
+        parts.results.append(outcome.result["embeddings"])
+        parts.done = end
+        parts.inference_ms += outcome.inference_ms or 0.0
+        parts.started_at = parts.started_at or outcome.started_at
+        if end < len(parts.lengths):
+            return replace(outcome, result={PART_RUN: True})
+        return replace(
+            outcome,
+            result={**outcome.result, "embeddings": np.concatenate(parts.results)},
+            started_at=parts.started_at,
+            inference_ms=parts.inference_ms,
+            tokens=sum(parts.lengths),
+        )

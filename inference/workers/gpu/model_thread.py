@@ -36,18 +36,21 @@ def forward_pass(
 ) -> list[Outcome]:
     """Run the jobs together (in the model thread); one outcome per job, in order.
 
-    `plans`, for chunked decoding: per job (decode steps this pass may take or None, the
-    Resume of a generation that continues or None). A job the pass leaves unfinished has
-    the engine's state as its result, under RESUME."""
+    `plans`, per job: (decode steps this pass may take or None, the Resume of a generation
+    that continues or None, the range of its texts this pass runs or None). A generation the
+    pass leaves unfinished has the engine's state as its result, under RESUME."""
     started_at = timezone.now()
     started = time.perf_counter()
     payloads = [engine_payload(job) for job in jobs]
-    resumed = {i: resume for i, (_, resume) in enumerate(plans or []) if resume is not None}
+    resumed = {i: resume for i, (_, resume, _) in enumerate(plans or []) if resume is not None}
     for i, resume in resumed.items():
         payloads[i] = {**payloads[i], RESUME: resume.state}
+    for i, (_, _, part) in enumerate(plans or []):
+        if part is not None:
+            payloads[i] = {**payloads[i], "texts": payloads[i]["texts"][part[0] : part[1]]}
     kwargs = {}
-    if plans is not None:
-        kwargs["max_steps"] = [steps for steps, _ in plans]
+    if plans is not None and getattr(engine, "resumable", False):
+        kwargs["max_steps"] = [steps for steps, _, _ in plans]
     relay = None
     if any(payload.get("stream") for payload in payloads):
         # Generated text goes out as it is produced (inference.delivery.streaming).

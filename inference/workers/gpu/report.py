@@ -16,7 +16,7 @@ class BatchReport:
     requeued: int = 0
     batches: int = 0
     continued: int = 0  # passes that left a generation unfinished, to continue in a later one
-    seed_failed: bool = False
+    handed_back: int = 0  # claimed jobs given back unstarted, for an idle peer to take
     tiers: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:

@@ -14,7 +14,9 @@ from inference.workers.gpu.intake import note_claim
 from inference.workers.gpu.loop import DrainLoop
 from inference.workers.gpu.model_thread import ModelThread
 from inference.workers.gpu.report import BatchReport
+from inference.workers.leases import lease_keeper
 from inference.workers.tier_reader import ReaderPool
+from renq_site import tracing
 
 
 class BatchRunner:
@@ -29,13 +31,21 @@ class BatchRunner:
     ) -> dict:
         """Claim the seed jobs (the task's message), then drain: run them and what waits
         behind them. Returns the BatchReport, as a dict."""
+        with lease_keeper.holding():
+            return self._run(seed_job_ids, seed_redelivered=seed_redelivered, seed_tier=seed_tier)
+
+    def _run(
+        self, seed_job_ids: list[str], *, seed_redelivered: bool, seed_tier: str | None
+    ) -> dict:
         report = BatchReport()
         worker = worker_identity()
-        seed_claim = Job.objects.claim(
-            seed_job_ids,
-            redelivered_ids=seed_job_ids if seed_redelivered else [],
-            worker=worker,
-        )
+        seed_trace = tracing.current_context()  # the task's span, in its message's trace
+        with tracing.batch_span("renq.claim", [seed_trace], job_ids=seed_job_ids, tier=seed_tier):
+            seed_claim = Job.objects.claim(
+                seed_job_ids,
+                redelivered_ids=seed_job_ids if seed_redelivered else [],
+                worker=worker,
+            )
         note_claim(seed_claim, report)
         if not seed_claim.jobs:
             report.dropped += len(seed_job_ids) - len(seed_claim.expired)
@@ -61,8 +71,9 @@ class BatchRunner:
             report=report,
         )
         for job in seed_claim.jobs:
-            loop.hold(Held(job, seed_claim), Tier(seed_tier) if seed_tier else None)
-        seed_ids = {str(job.pk) for job in seed_claim.jobs}
+            loop.hold(
+                Held(job, seed_claim, trace=seed_trace), Tier(seed_tier) if seed_tier else None
+            )
         try:
             loop.run()
         except BaseException:
@@ -70,5 +81,4 @@ class BatchRunner:
             # claim is taken over) rather than waiting for the stale-claim sweep.
             loop.ledger.requeue(loop.ledger.unsettled())
             raise
-        report.seed_failed = bool(seed_ids & loop.writer.failed_ids)
         return report.as_dict()

@@ -25,6 +25,7 @@ from inference.scheduling.cost_model import BatchCostModel
 from inference.workers.gpu.held import Held, left_unfinished
 from inference.workers.gpu.ledger import MessageLedger
 from inference.workers.gpu.report import BatchReport
+from renq_site import tracing
 from renq_site.db_sessions import close_old_connections_checked_once_a_second
 
 # One per process, so the worker holds one more Postgres session, not one per task. Storing
@@ -70,17 +71,25 @@ class OutcomeWriter:
     def __init__(
         self, engine, cost_model: BatchCostModel, *, ledger: MessageLedger, report: BatchReport
     ):
-        self.failed_ids: set[str] = set()  # of the jobs stored as failed
         self._engine = engine
         self._cost_model = cost_model
         self._ledger = ledger
         self._report = report
         self._storing: Storing | None = None
 
-    def write(self, batch: list[Held], outcomes: list[Outcome], service: Service) -> None:
+    def write(
+        self,
+        batch: list[Held],
+        outcomes: list[Outcome],
+        service: Service,
+        *,
+        passed: list[Outcome] | None = None,
+    ) -> None:
         """Hand the pass's finished outcomes to the store thread. The cost model learns from
-        the pass now, once the write is under way (its update is a Redis round trip, which
-        must not hold up the results): the next batches are sized on it."""
+        the pass (`passed`: its outcomes as it ran them, when a job run in parts has its
+        whole outcome in `outcomes`) now, once the write is under way (its update is a Redis
+        round trip, which must not hold up the results): the next batches are sized on it."""
+        passed = outcomes if passed is None else passed
         report = self._report
         report.tiers = sorted(set(report.tiers) | {h.job.tier for h in batch})
         self.written()
@@ -96,13 +105,22 @@ class OutcomeWriter:
             if outcome.result and "first_token_ms" in outcome.result:
                 observe_time_to_first_token(service.name, outcome.result["first_token_ms"] / 1000)
             by_claim.setdefault(held.claim.token, (held.claim, []))[1].append(outcome)
-        write = (
-            _outcome_writer.submit(write_outcomes, list(by_claim.values())) if finished else None
-        )
+        write = None
+        if finished:
+            span = tracing.start_batch_span(
+                "renq.store",
+                [held.trace for held, _ in finished],
+                service=service.name,
+                batch_size=len(finished),
+                job_ids=[str(h.job.pk) for h, _ in finished] if tracing.enabled() else None,
+            )
+            write = _outcome_writer.submit(
+                tracing.within(span, write_outcomes), list(by_claim.values())
+            )
         self._storing = Storing(service, outcomes, [outcome for _, outcome in finished], write)
-        if outcomes[0].inference_ms is not None and outcomes[0].batch_size == len(batch):
+        if passed[0].inference_ms is not None and passed[0].batch_size == len(batch):
             self._cost_model.observe_batch(
-                outcomes[0].inference_ms / 1000, sum(o.tokens for o in outcomes)
+                passed[0].inference_ms / 1000, sum(o.tokens for o in passed)
             )
 
     def written(self) -> None:
@@ -119,7 +137,6 @@ class OutcomeWriter:
             report = self._report
             report.ran += sum(o.result is not None for o in storing.finished)
             report.failed += sum(o.result is None for o in storing.finished)
-            self.failed_ids |= {str(o.job.pk) for o in storing.finished if o.result is None}
             # Outcomes are stored: only now may RabbitMQ forget the messages.
             self._ledger.ack(self._ledger.finished({str(o.job.pk) for o in storing.finished}))
         # Statistics after the outcomes: a job is finished before its batch is counted.

@@ -309,3 +309,17 @@ def test_the_change_marker_moves_on_every_change_and_once_per_load():
     service.save()
     assert config_changed_since(after_load)
     assert watcher.changed()
+
+
+def test_check_and_load_warn_of_each_backend_whose_key_is_unset(monkeypatch):
+    # The README's set-up exports no cloud keys: valid, but both cloud backends are unusable.
+    monkeypatch.delenv("RENQ_FREE_CLOUD_API_KEY", raising=False)
+    monkeypatch.setenv("RENQ_PAID_CLOUD_API_KEY", "sk-set")
+    for action in ("check", "load"):
+        out, err = StringIO(), StringIO()
+        call_command("renq_config", action, str(CONFIG), stdout=out, stderr=err)
+        assert err.getvalue().splitlines() == [
+            "warning: backend free-cloud: unusable, never chosen: environment variable "
+            "RENQ_FREE_CLOUD_API_KEY is not set"
+        ]
+    assert out.getvalue().startswith("loaded ")

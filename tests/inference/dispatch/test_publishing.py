@@ -13,7 +13,7 @@ from django.utils import timezone
 from inference.dispatch.placement import record_decision
 from inference.dispatch.publishing import republish_unpublished
 from inference.models import Job, JobStatus
-from inference.workers.sweeper import recover_stale_claims
+from inference.workers.sweeper import take_over_lapsed_leases
 from routing.models import AttemptOutcome, JobAttempt
 from routing.router import RoutingDecision
 from tests.conftest import wait_for_job
@@ -52,7 +52,7 @@ def test_outbox_republishes_a_routed_job_to_its_backend_not_the_local_queue(
     assert (attempt.backend, attempt.outcome) == (free, AttemptOutcome.SUCCEEDED)
 
 
-def test_a_dead_claim_of_a_routed_job_is_recovered_on_its_backend(
+def test_a_lapsed_claim_of_a_routed_job_is_taken_over_on_its_backend(
     io_workers, make_tenant, make_service, make_backend, make_route, upstream
 ):
     service = make_service("embedding", name="deadclaim")
@@ -61,9 +61,9 @@ def test_a_dead_claim_of_a_routed_job_is_recovered_on_its_backend(
     tenant, _ = make_tenant()
     job = _routed_job_left_behind(tenant, service, free)
     Job.objects.claim([job.pk], worker="an I/O worker that died")
-    Job.objects.filter(pk=job.pk).update(claimed_at=timezone.now() - timedelta(hours=1))
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
 
-    assert recover_stale_claims() == 1
+    assert take_over_lapsed_leases() == 1
 
     done = wait_for_job(job.pk, timeout_s=20)
     assert done.status == JobStatus.SUCCEEDED, done.error
@@ -192,6 +192,30 @@ def test_a_publish_after_the_kept_connection_died_still_reaches_the_queue(
     assert job.published_at is not None
     queue = tier_queue("kept-died", job.tier)
     assert ready_message_counts([queue]) == {queue: 2}
+
+
+def test_a_publish_to_a_queue_the_broker_lost_declares_it_again(make_tenant, make_service):
+    # A broker restarted without its data (or a queue deleted) forgets a queue the kept
+    # channel declared; a publish must not vanish into the default exchange.
+    from inference.dispatch.broker import ready_message_counts
+    from inference.dispatch.queues import service_queues, tier_queue
+    from inference.intake.submission import submit_job
+    from renq_site.celery import app
+    from tests.conftest import purge_test_queues
+
+    make_service("noop", name="queue-lost")
+    tenant, _ = make_tenant()
+    first = submit_job(tenant=tenant, service_name="queue-lost", payload={"texts": ["before"]})
+    queue = tier_queue("queue-lost", first.tier)
+    with app.connection_for_write() as connection:
+        connection.default_channel.queue_delete(queue)
+
+    job = submit_job(tenant=tenant, service_name="queue-lost", payload={"texts": ["after"]})
+
+    job.refresh_from_db()
+    assert job.published_at is not None
+    assert ready_message_counts([queue]) == {queue: 1}
+    purge_test_queues(service_queues("queue-lost"))
 
 
 @pytest.mark.parametrize(("batch_size", "messages"), [(64, 13), (256, 4), (4096, 2)])

@@ -188,11 +188,12 @@ def test_a_claim_of_its_own_commits_asynchronously_and_nothing_else_does(make_te
 def test_a_claim_a_postgres_crash_undid_still_runs_its_job(make_tenant, make_service):
     from datetime import timedelta
 
+    from django.conf import settings
     from django.utils import timezone
 
     from inference.dispatch.publishing import publish
     from inference.dispatch.queues import service_queues
-    from inference.workers.sweeper import LOST_MESSAGE_AFTER_S, republish_lost_messages
+    from inference.workers.sweeper import republish_lost_messages
     from tests.conftest import purge_test_queues
 
     tenant, _ = make_tenant()
@@ -211,7 +212,7 @@ def test_a_claim_a_postgres_crash_undid_still_runs_its_job(make_tenant, make_ser
     job.refresh_from_db()
     assert job.status == JobStatus.QUEUED
 
-    later = timezone.now() + timedelta(seconds=LOST_MESSAGE_AFTER_S + 1)
+    later = timezone.now() + timedelta(seconds=settings.RENQ_LOST_MESSAGE_AFTER_S + 1)
     assert republish_lost_messages(now=later) == 1
     assert len(Job.objects.claim([job.pk], worker="w2").jobs) == 1
     purge_test_queues(service_queues(service.name))

@@ -120,3 +120,20 @@ def test_no_result_by_the_deadline_is_504_with_the_job_id(client, unserved):
     assert job_id in caught.value.message
     # The deadline was the client's: a job nobody started is cancelled, not left to run.
     assert Job.objects.get(pk=job_id).status == JobStatus.CANCELLED
+
+
+def test_a_job_no_backend_can_serve_is_refused_before_it_is_stored(
+    client, services, make_backend, make_route, monkeypatch
+):
+    monkeypatch.delenv("RENQ_TEST_UNSET_KEY", raising=False)  # unset in the web process too
+    make_route(
+        services["embedding"], (make_backend("keyless", api_key_env="RENQ_TEST_UNSET_KEY"), 0)
+    )
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model="embedding", input="hi")
+    body = assert_openai_shape(caught.value, 400, "no_backend_available")
+    assert body["message"] == (
+        "no configured backend can serve this job: keyless: misconfigured: environment "
+        "variable RENQ_TEST_UNSET_KEY is not set"
+    )
+    assert not Job.objects.exists()
