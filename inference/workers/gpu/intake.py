@@ -13,13 +13,14 @@ import time
 from dataclasses import dataclass, field
 
 from django.db import DatabaseError
+from django.utils import timezone
 
 from inference.dispatch import fair_share
 from inference.dispatch.publishing import dead_letter, publish_many
 from inference.dispatch.queues import tier_queue
 from inference.jobs.tiers import Tier
 from inference.jobs.transitions import Claim
-from inference.models import Job, JobStatus
+from inference.models import Job
 from inference.scheduling.batch_window import BatchWindow
 from inference.workers.gpu.held import Held
 from inference.workers.gpu.ledger import MessageLedger
@@ -149,25 +150,42 @@ class Intake:
         back is acked. Returns the jobs handed back."""
         if not held:
             return 0
+        ids = [h.job.pk for h in held]
         released: list = []
         try:
-            for token in {h.claim.token for h in held}:
-                ids = [h.job.pk for h in held if h.claim.token == token]
-                if Job.objects.filter(pk__in=ids, claim_token=token).release():
-                    released.extend(ids)
-            jobs = Job.objects.filter(pk__in=released, status=JobStatus.QUEUED).select_related(
+            # Read before releasing: a released job must reach a queue without Postgres.
+            jobs = Job.objects.filter(pk__in=ids).select_related(
                 "service", "tenant", "route__backend"
             )
-            # One whose publish is not confirmed is found by the lost-message sweep.
-            publish_many(list(jobs.order_by("created_at")), charged=True)
+            by_id = {job.pk: job for job in jobs}
+            for token in {h.claim.token for h in held}:
+                mine = [h.job.pk for h in held if h.claim.token == token]
+                if Job.objects.filter(pk__in=mine, claim_token=token).release():
+                    released.extend(mine)
         except DatabaseError:
             # Postgres is away: what is still claimed stays here and runs in a later pass.
             logger.warning("could not hand back %d claimed jobs", len(held), exc_info=True)
-            kept = {h.job.pk for h in held} - set(released)
-            self._line.put_first([h for h in held if h.job.pk in kept])
-        self._ledger.ack(self._ledger.finished({str(h.job.pk) for h in held}))
+        if released:
+            back = sorted((by_id[pk] for pk in released), key=lambda job: job.created_at)
+            self._publish_released(back)
+        kept = set(ids) - set(released)
+        self._line.put_first([h for h in held if h.job.pk in kept])
+        self._ledger.ack(self._ledger.finished({str(pk) for pk in released}))
         self._report.handed_back += len(released)
         return len(released)
+
+    @staticmethod
+    def _publish_released(jobs: list[Job]) -> None:
+        """Publish released jobs again; one the broker did not take goes to the outbox."""
+        started = timezone.now()
+        try:
+            if publish_many(jobs, charged=True) < len(jobs):
+                Job.objects.filter(
+                    pk__in=[job.pk for job in jobs], published_at__lt=started
+                ).unmark_published()
+        except DatabaseError:
+            # Sent, or left for the lost-message sweep: queued in Postgres either way.
+            logger.warning("could not stamp %d handed-back jobs", len(jobs), exc_info=True)
 
     def claim(self, pulled: list[PulledMessage]) -> list[tuple[Held, Tier]]:
         """Claim the pulled messages' jobs in one go: the jobs to run, each with the tier of

@@ -78,7 +78,10 @@ class BatchRunner:
             loop.run()
         except BaseException:
             # Outcomes may not be stored: hand the pulled messages back now (redelivered, the
-            # claim is taken over) rather than waiting for the stale-claim sweep.
+            # claim is taken over) rather than waiting for a lease to lapse.
             loop.ledger.requeue(loop.ledger.unsettled())
             raise
+        # Every job ran or was handed back, so none should be left; should one be (a hand-back
+        # Postgres refused halfway), its message goes back rather than stay unacked here.
+        loop.ledger.requeue(loop.ledger.unsettled())
         return report.as_dict()
