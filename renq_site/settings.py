@@ -92,6 +92,11 @@ DATABASES = {
     )
 }
 DATABASES["default"]["TEST"] = {"NAME": os.environ.get("RENQ_TEST_DATABASE", "renq_test")}
+# A connect that gets no answer (a host cut off mid-handshake) fails instead of hanging the
+# process forever; the request or task then answers 503 or goes back to its queue.
+DATABASES["default"].setdefault("OPTIONS", {}).setdefault(
+    "connect_timeout", int(os.environ.get("RENQ_DB_CONNECT_TIMEOUT_S", "10"))
+)
 
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 USE_TZ = True

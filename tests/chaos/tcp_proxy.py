@@ -178,34 +178,45 @@ class FaultProxy:
             try:
                 client, _ = self._listener.accept()
             except OSError:
-                return
+                if self._stopped.is_set():
+                    return
+                time.sleep(0.01)  # a transient failure must not end the proxy for good
+                continue
             self.accepted += 1
-            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            with self._lock:
-                mode, reply = self._mode, self._reply
-            if mode == CUT:
-                self.refused += 1
-                _reset(client)
-                continue
-            if mode == REFUSE:
-                self.refused += 1
-                threading.Thread(target=self._refuse, args=(client, reply), daemon=True).start()
-                continue
             try:
-                upstream = socket.create_connection(self.target, timeout=5)
-                upstream.settimeout(None)
-                upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            except OSError:
+                self._serve(client)
+            except Exception:  # noqa: BLE001 - one connection's failure never ends the loop
                 _reset(client)
-                continue
-            link = _Link(self, client, upstream)
-            with self._lock:
-                if self._mode != PASS:  # cut while connecting: this one goes too
-                    link.close(reset=True)
-                    continue
-                self._links.add(link)
-            self.forwarded += 1
-            link.start()
+
+    def _serve(self, client: socket.socket) -> None:
+        """Forward, refuse or reset one accepted connection, as the mode says."""
+        with contextlib.suppress(OSError):
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with self._lock:
+            mode, reply = self._mode, self._reply
+        if mode == CUT:
+            self.refused += 1
+            _reset(client)
+            return
+        if mode == REFUSE:
+            self.refused += 1
+            threading.Thread(target=self._refuse, args=(client, reply), daemon=True).start()
+            return
+        try:
+            upstream = socket.create_connection(self.target, timeout=5)
+            upstream.settimeout(None)
+            upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        except OSError:
+            _reset(client)
+            return
+        link = _Link(self, client, upstream)
+        with self._lock:
+            if self._mode != PASS:  # cut while connecting: this one goes too
+                link.close(reset=True)
+                return
+            self._links.add(link)
+        self.forwarded += 1
+        link.start()
 
     @staticmethod
     def _refuse(client: socket.socket, reply: Reply) -> None:
