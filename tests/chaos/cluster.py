@@ -39,6 +39,34 @@ def _redis_db() -> int:
     return int(TEST_REDIS_URL.rsplit("/", 1)[-1] or 0)
 
 
+def celery_worker_argv(
+    node: str, queues: Iterable[str], concurrency: int, pool: str, *, beat: bool = False
+) -> list[str]:
+    """A renq Celery worker's command line, as the suites' hosts start it."""
+    argv = [
+        str(VENV_BIN / "celery"),
+        "-A",
+        "renq_site",
+        "worker",
+        "-n",
+        f"{node}-{uuid.uuid4().hex[:6]}@%h",
+        "-Q",
+        ",".join(queues),
+        "--concurrency",
+        str(concurrency),
+        "--pool",
+        pool,
+        "--without-mingle",
+        "--without-gossip",
+        "-l",
+        "info",
+    ]
+    if beat:
+        # Its own schedule file: two suites' beats never share one.
+        argv += ["-B", "-s", f".run/{node.split('-')[0]}-beat-{os.getpid()}"]
+    return argv
+
+
 class Proxies:
     """One fault proxy per dependency, for the whole chaos module."""
 
@@ -135,27 +163,7 @@ class Cluster:
         env: dict | None = None,
         wait: bool = True,
     ) -> ChildProcess:
-        argv = [
-            str(VENV_BIN / "celery"),
-            "-A",
-            "renq_site",
-            "worker",
-            "-n",
-            f"chaos-{name}-{uuid.uuid4().hex[:6]}@%h",
-            "-Q",
-            ",".join(queues),
-            "--concurrency",
-            str(concurrency),
-            "--pool",
-            pool,
-            "--without-mingle",
-            "--without-gossip",
-            "-l",
-            "info",
-        ]
-        if beat:
-            schedule = f".run/chaos-beat-{os.getpid()}"
-            argv += ["-B", "-s", schedule]
+        argv = celery_worker_argv(f"chaos-{name}", queues, concurrency, pool, beat=beat)
         child = self._start(name, argv, env)
         if wait:
             self.wait_ready(name)

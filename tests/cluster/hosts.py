@@ -11,12 +11,11 @@ import os
 import re
 import signal
 import time
-import uuid
 from collections.abc import Iterable
 
 import requests
 
-from tests.chaos.cluster import REAL_PORTS
+from tests.chaos.cluster import REAL_PORTS, celery_worker_argv
 from tests.chaos.tcp_proxy import FaultProxy
 from tests.cluster.network import HostLink, HostNetwork, namespace_pids, signal_namespace
 from tests.conftest import TEST_QUEUE_PREFIX, TEST_REDIS_URL
@@ -136,26 +135,7 @@ class HostCluster:
         pool: str = "prefork",
         beat: bool = False,
     ) -> ChildProcess:
-        argv = [
-            str(VENV_BIN / "celery"),
-            "-A",
-            "renq_site",
-            "worker",
-            "-n",
-            f"cluster-{name}-{uuid.uuid4().hex[:6]}@%h",
-            "-Q",
-            ",".join(queues),
-            "--concurrency",
-            str(concurrency),
-            "--pool",
-            pool,
-            "--without-mingle",
-            "--without-gossip",
-            "-l",
-            "info",
-        ]
-        if beat:
-            argv += ["-B", "-s", f".run/cluster-beat-{os.getpid()}"]
+        argv = celery_worker_argv(f"cluster-{name}", queues, concurrency, pool, beat=beat)
         return self._start(name, self.hosts[host], argv)
 
     def wait_ready(self, name: str, timeout_s: float = 120) -> None:
