@@ -45,10 +45,11 @@ app.conf.update(
     task_soft_time_limit=240,
     task_ignore_result=True,
     result_expires=3600,
-    # Flower needs the workers' events (received, started, succeeded, ...). Not task-sent:
-    # Celery publishes it on the publisher's confirm channel, a second publish and confirm
-    # per dispatch message on the submit path.
-    worker_send_task_events=True,
+    # Task events (received, started, succeeded) cost every job a publish on the worker's
+    # consumer thread. Off unless watched: Flower turns them on in the workers it monitors
+    # (its enable_events), `celery control enable_events` too. Never task-sent: Celery would
+    # publish it on the publisher's confirm channel, a second confirm per dispatch message.
+    worker_send_task_events=False,
     task_send_sent_event=False,
     task_serializer="json",
     accept_content=["json"],

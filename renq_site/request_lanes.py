@@ -25,19 +25,41 @@ its body is sent, as Django does it.
 from __future__ import annotations
 
 import os
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core import signals
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
-from django.http import FileResponse, HttpResponseBase
+from django.http import FileResponse, HttpResponse, HttpResponseBase
 from django.urls import set_script_prefix
 
 from renq_site.db_sessions import trust_recently_checked_sessions
 
 # Each lane holds at most one PostgreSQL connection while it lives.
 DEFAULT_LANES = int(os.environ.get("RENQ_WEB_LANES", "4"))
+
+
+class DeferredResponse(HttpResponse):
+    """A view's answer that is not ready yet: `resolve` makes it on the event loop once the
+    request's lane is free again, so a view that waits (for a job's outcome) holds no lane
+    while it waits. Headers the middleware set on this placeholder carry over."""
+
+    def __init__(self, resolve: Callable[[], Awaitable[HttpResponseBase]]):
+        super().__init__(status=202)
+        self.resolve = resolve
+
+    async def answer(self) -> HttpResponseBase:
+        response = await self.resolve()
+        for name, value in self.headers.items():
+            if name not in response.headers and name.lower() not in _BODY_HEADERS:
+                response.headers[name] = value
+        return response
+
+
+# Set by the placeholder's own (empty) body, not by the middleware.
+_BODY_HEADERS = {"content-type", "content-length"}
 
 
 class RequestLane:
@@ -80,6 +102,8 @@ class LanedASGIHandler(ASGIHandler):
             return
         try:
             response = await sync_to_async(self.respond, thread_sensitive=True)(scope, body_file)
+            if isinstance(response, DeferredResponse):
+                response = await response.answer()
             try:
                 # A client gone by now is uvicorn's to notice: sending to it does nothing.
                 await self.send_response(response, send)

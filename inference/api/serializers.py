@@ -230,6 +230,17 @@ def accepted_job_body(job: Job, encoding_format: str = "float") -> dict:
     }
 
 
+def waited_job_body(job: Job, encoding_format: str = "float") -> dict:
+    """A POST that waited (?wait=): the accepted body, with how the job ended when it did."""
+    body = accepted_job_body(job, encoding_format)
+    if hasattr(job, "noticed_backend"):
+        body["backend"] = job.noticed_backend  # the backend that ran it (Notice.final_job)
+    body["error"] = job.error or None
+    body["queue_wait_ms"] = job.queue_wait_ms
+    body["inference_ms"] = job.inference_ms
+    return body
+
+
 class JobSummarySerializer(JobSerializer):
     """List view: no input or result bodies (embeddings make pages huge)."""
 

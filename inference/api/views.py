@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+import uuid
+
+from asgiref.sync import async_to_sync, sync_to_async
+from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Prefetch
+from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
@@ -20,7 +25,9 @@ from inference.api.serializers import (
     JobSummarySerializer,
     ServiceSerializer,
     accepted_job_body,
+    waited_job_body,
 )
+from inference.delivery.waiting import subscribe, wait_for_final_job
 from inference.dispatch.queue_report import queue_report
 from inference.intake.bulk import submit_bulk
 from inference.intake.submission import (
@@ -34,7 +41,8 @@ from inference.intake.submission import (
 )
 from inference.jobs.inputs import InputError, check_storable_text
 from inference.jobs.vectors import ENCODING_FORMATS
-from inference.models import Job, JobStatus, Service
+from inference.models import TERMINAL_STATUSES, Job, JobStatus, Service
+from renq_site.request_lanes import DeferredResponse
 from routing.models import JobAttempt
 
 IDEMPOTENCY_KEY_DOC = (
@@ -63,6 +71,15 @@ SUBMIT_EXAMPLES = [
 ]
 
 
+# The longest a POST may wait for its job (?wait=): a long poll, not a connection held open.
+MAX_WAIT_S = 60
+WAIT_PARAMETER = OpenApiParameter(
+    "wait",
+    type=float,
+    description="Wait up to this many seconds (at most 60) for the job to be final: 200 with "
+    "its result when it is, else 202 as without a wait. One job per POST.",
+)
+
 ENCODING_FORMAT_PARAMETER = OpenApiParameter(
     "encoding_format",
     enum=list(ENCODING_FORMATS),
@@ -70,6 +87,21 @@ ENCODING_FORMAT_PARAMETER = OpenApiParameter(
     "or `base64`, one string per vector of little-endian float32 values (OpenAI's name and "
     "format).",
 )
+
+
+def requested_wait(request) -> float | None:
+    """`?wait=<seconds>`: how long a POST may wait for its job to be final (None: not at
+    all); another value is a 400 naming it."""
+    value = request.query_params.get("wait")
+    if value is None:
+        return None
+    try:
+        wait_s = float(value)
+    except ValueError:
+        wait_s = -1.0
+    if not 0 < wait_s <= MAX_WAIT_S:
+        raise InputError("wait", f"must be a number of seconds above 0 and at most {MAX_WAIT_S}.")
+    return wait_s
 
 
 def requested_encoding(request) -> dict:
@@ -116,7 +148,7 @@ class JobListCreateView(generics.ListAPIView):
 
     @extend_schema(
         request=JobSubmitSerializer,
-        parameters=[ENCODING_FORMAT_PARAMETER],
+        parameters=[ENCODING_FORMAT_PARAMETER, WAIT_PARAMETER],
         responses={
             202: JobAcceptedSerializer,
             200: JobAcceptedSerializer,
@@ -130,9 +162,14 @@ class JobListCreateView(generics.ListAPIView):
     def post(self, request):
         # A cache hit answers with its result: encoded as asked, checked before any job exists.
         context = requested_encoding(request)
+        wait_s = requested_wait(request)
         if isinstance(request.data, list):
+            if wait_s is not None:
+                raise InputError("wait", "applies to one job, not to a list of jobs.")
             return self._post_many(request, context)
         fields = job_fields(request.data)
+        if wait_s is not None:
+            return self._post_and_wait(request, fields, context["encoding_format"], wait_s)
         job = submit_job(
             tenant=request.user,
             service_name=fields.get("service"),
@@ -147,6 +184,52 @@ class JobListCreateView(generics.ListAPIView):
             accepted_job_body(job, context["encoding_format"]),
             status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED,
         )
+
+    def _post_and_wait(self, request, fields: dict, encoding_format: str, wait_s: float):
+        """Submit, then answer once the job is final (200 with its result) or `wait_s` passed
+        (202, as without a wait). Under the ASGI server the wait is the event loop's
+        (DeferredResponse): the job's notification is subscribed to before it is submitted and
+        brings its outcome, so nothing is read back and no request thread is held."""
+        on_event_loop = isinstance(request._request, ASGIRequest)
+        job_id = uuid.uuid4()
+        subscription = async_to_sync(subscribe)(job_id) if on_event_loop else None
+        try:
+            job = submit_job(
+                tenant=request.user,
+                service_name=fields.get("service"),
+                payload=fields["input"],
+                priority=fields.get("priority"),
+                deadline_ms=fields.get("deadline_ms"),
+                idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER, ""),
+                actor=requested_actor(request),
+                job_id=job_id,
+            )
+        except BaseException:
+            if subscription is not None:
+                async_to_sync(subscription.close)()
+            raise
+        if subscription is not None and (job.pk != job_id or job.is_terminal):
+            # Another request's job (its Idempotency-Key), or answered from the result cache.
+            async_to_sync(subscription.close)()
+            subscription = None
+
+        async def answer() -> JsonResponse:
+            final = await wait_for_final_job(
+                job.pk,
+                # Rare (a failure, a large result, a lost notification): on the request's
+                # lane, as its other queries.
+                lambda: sync_to_async(_final_job, thread_sensitive=True)(job.pk),
+                timeout_s=wait_s,
+                subscription=subscription,
+                from_notice=lambda notice: notice.final_job(job),
+            )
+            return JsonResponse(
+                waited_job_body(final or job, encoding_format), status=200 if final else 202
+            )
+
+        if on_event_loop:
+            return DeferredResponse(answer)
+        return async_to_sync(answer)()
 
     def _post_many(self, request, context: dict):
         items = request.data
@@ -230,6 +313,14 @@ class BulkJobCreateView(APIView):
             JobSerializer(job).data,
             status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED,
         )
+
+
+def _final_job(job_id) -> Job | None:
+    return (
+        Job.objects.filter(pk=job_id, status__in=TERMINAL_STATUSES)
+        .select_related("service", "route__backend")
+        .first()
+    )
 
 
 def _own_jobs(request):

@@ -2,37 +2,46 @@
 
 When a job reaches a final status the state machine (inference.jobs.transitions) sends
 `jobs_finished`; its receiver here (`notify_finished`) publishes on `renq:job-finished:<job
-id>` (a batch's jobs in one Redis command). A web request waiting for that job
-(`wait_for_final_job`) subscribes to the channel, waits for Redis to confirm the subscription,
-and only then reads the job's status once from Postgres: a job that ends between that read and
-the wait is still heard of, and one that ended before it is seen by the read.
+id>` (a batch's jobs in one Redis command). A job that succeeded is announced with its outcome
+(a `Notice`: the stored result and what the answer needs), so a waiting request answers from
+the notification without reading the row back; a larger result, or a failure, is announced as
+a bare hint to read the row.
 
-Why Redis pub/sub rather than Postgres LISTEN/NOTIFY: every process already talks to Redis, a
-waiter holds a pooled Redis connection (cheap; Redis serves 10,000 clients by default) instead
-of a Postgres connection (100 by default, shared with every query), and a channel per job means
-a web process receives only the notifications its own clients wait for. The waiting itself is
-async (redis.asyncio): a waiting request holds a socket, never an OS thread.
+A web process waits for all of its requests' jobs on one Redis connection per event loop
+(`JobWaiters`): a request subscribes to its job's channel there before it submits the job
+(its id is chosen up front), so the job cannot finish unheard and needs no first read.
+
+Why Redis pub/sub rather than Postgres LISTEN/NOTIFY: every process already talks to Redis,
+the waiting holds no Postgres connection nor thread, and a channel per job means a web process
+receives only the notifications its own clients wait for.
 
 Pub/sub is fire-and-forget: a notification lost to a Redis blip is not replayed, so a waiter
-also re-reads the job every SAFETY_RECHECK_S. That is a safety net, not the mechanism: a
-notified job is answered within a millisecond of its outcome being stored.
+also re-reads the job every SAFETY_RECHECK_S. That is a safety net, not the mechanism.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 import logging
 import os
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TypeVar
 
 import redis
 import redis.asyncio
 from django.conf import settings
+from django.utils import timezone
 from redis.commands.core import Script
 
+from inference.jobs.transitions import Outcome
+from inference.jobs.vectors import split_result
+from inference.models import Job, JobStatus
 from renq_site.shared_redis import shared_redis
 
 logger = logging.getLogger(__name__)
@@ -43,10 +52,13 @@ SAFETY_RECHECK_S = 5.0
 # Bound the wait for Redis to confirm a subscription; past it the waiter still works, by
 # re-reading the job on the safety interval.
 SUBSCRIBE_CONFIRM_TIMEOUT_S = 2.0
-# Each waiting request holds one pooled Redis connection for its subscription. Past this many
-# per process a waiter queues for a connection (up to SUBSCRIBE_CONFIRM_TIMEOUT_S), then falls
-# back to the safety re-read. Redis serves 10,000 clients by default, for every process.
+# Streamed generations subscribe on a pooled connection each (inference.delivery.streaming);
+# past this many per process one waits for a connection, then re-reads on the safety interval.
 MAX_SUBSCRIPTIONS = int(os.environ.get("RENQ_FRONT_DOOR_MAX_SUBSCRIPTIONS", "4000"))
+# A notification says "read the row" instead of carrying an outcome this large (a bulk of
+# embeddings, say): Redis sends a message to one subscriber, but it sits in its buffers.
+MAX_NOTICE_BYTES = 256 * 1024
+HINT = b"1"
 
 T = TypeVar("T")
 
@@ -55,11 +67,85 @@ def job_channel(job_id: str | uuid.UUID) -> str:
     return f"{CHANNEL_PREFIX}{job_id}"
 
 
-# One command for a batch's notifications: Redis publishes on each channel it is given, so
-# the worker pays one round trip per batch, not a PUBLISH per job.
+@dataclass
+class Notice:
+    """A succeeded job's outcome as its notification carries it: what was stored in its row."""
+
+    result: dict
+    vectors: bytes | None
+    started_at: datetime | None
+    finished_at: datetime
+    inference_ms: float | None
+    batch_size: int | None
+    tokens: int | None
+    backend: str | None  # the routed backend that ran it; None for an unrouted service
+
+    def encode(self) -> bytes:
+        head = {
+            "result": self.result,
+            "started_at": self.started_at.isoformat() if self.started_at else None,
+            "finished_at": self.finished_at.isoformat(),
+            "inference_ms": self.inference_ms,
+            "batch_size": self.batch_size,
+            "tokens": self.tokens,
+            "backend": self.backend,
+        }
+        # JSON, a newline (JSON text has none), then the float32 bytes of any vectors.
+        return json.dumps(head, separators=(",", ":")).encode() + b"\n" + (self.vectors or b"")
+
+    def final_job(self, job: Job) -> Job:
+        """The submitted `job` as its row reads now: no read back. `noticed_backend` says
+        which backend ran it, should its route have moved since it was submitted."""
+        final = copy.copy(job)
+        final.status = JobStatus.SUCCEEDED
+        final.result, final.result_vectors = self.result, self.vectors
+        final.started_at, final.finished_at = self.started_at, self.finished_at
+        final.inference_ms, final.batch_size = self.inference_ms, self.batch_size
+        final.input_tokens = self.tokens
+        final.noticed_backend = self.backend
+        return final
+
+    @classmethod
+    def decode(cls, data: bytes) -> Notice | None:
+        """None for a bare hint (or anything else that is not a notice)."""
+        head, newline, vectors = data.partition(b"\n")
+        if not newline:
+            return None
+        fields = json.loads(head)
+        started = fields["started_at"]
+        return cls(
+            result=fields["result"],
+            vectors=vectors or None,
+            started_at=datetime.fromisoformat(started) if started else None,
+            finished_at=datetime.fromisoformat(fields["finished_at"]),
+            inference_ms=fields["inference_ms"],
+            batch_size=fields["batch_size"],
+            tokens=fields["tokens"],
+            backend=fields["backend"],
+        )
+
+
+def notice_of(outcome: Outcome, finished_at: datetime) -> bytes:
+    """The notification of a stored success: its Notice, or a bare hint when it is large."""
+    result, vectors = split_result(outcome.result)
+    notice = Notice(
+        result=result,
+        vectors=vectors,
+        started_at=outcome.started_at or finished_at,
+        finished_at=finished_at,
+        inference_ms=outcome.inference_ms,
+        batch_size=outcome.batch_size,
+        tokens=outcome.tokens,
+        backend=outcome.backend,
+    ).encode()
+    return notice if len(notice) <= MAX_NOTICE_BYTES else HINT
+
+
+# One command for a batch's notifications: Redis publishes each message on its channel, so
+# the worker pays one round trip per batch, not a PUBLISH per job. ARGV: channel, message, ...
 _PUBLISH_EACH = """
-for _, channel in ipairs(ARGV) do redis.call('PUBLISH', channel, '1') end
-return #ARGV
+for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
+return #ARGV / 2
 """
 _publish_each: tuple[redis.Redis, Script] | None = None
 
@@ -72,29 +158,38 @@ def _publish_each_script(client: redis.Redis) -> Script:
     return _publish_each[1]
 
 
-def notify_finished(job_ids: Iterable[str | uuid.UUID]) -> None:
-    """Tell anyone waiting that these jobs reached a final status. Never raises: the outcome
-    is already stored, and a waiter that misses this re-reads the job on its own."""
-    channels = [job_channel(job_id) for job_id in job_ids]
-    if not channels:
+def notify_finished(
+    job_ids: Iterable[str | uuid.UUID], stored: Sequence[Outcome] = ()
+) -> None:
+    """Tell anyone waiting that these jobs reached a final status; `stored`: the successes
+    among them, announced with their outcome. Never raises: the outcome is already stored,
+    and a waiter that misses this re-reads the job on its own."""
+    now = timezone.now()
+    notices = {str(o.job.pk): notice_of(o, now) for o in stored}
+    args: list = []
+    for job_id in job_ids:
+        args += [job_channel(job_id), notices.get(str(job_id), HINT)]
+    if not args:
         return
     try:
-        _publish_each_script(shared_redis())(args=channels)
+        _publish_each_script(shared_redis())(args=args)
     except Exception:  # noqa: BLE001 - never let a notification break storing outcomes
-        logger.warning("could not notify waiters of %d finished jobs", len(channels), exc_info=True)
+        logger.warning(
+            "could not notify waiters of %d finished jobs", len(args) // 2, exc_info=True
+        )
 
 
-def on_jobs_finished(sender, *, job_ids, **_kwargs) -> None:
+def on_jobs_finished(sender, *, job_ids, stored: Sequence[Outcome] = (), **_kwargs) -> None:
     """The state machine's `jobs_finished` (connected in InferenceConfig.ready())."""
-    notify_finished(job_ids)
+    notify_finished(job_ids, stored)
 
 
 _async_clients: dict[asyncio.AbstractEventLoop, redis.asyncio.Redis] = {}
 
 
 def _async_redis() -> redis.asyncio.Redis:
-    """One async client (and connection pool) per event loop: a waiter borrows a connection
-    for its subscription and gives it back when done."""
+    """One async client (and connection pool) per event loop: a streamed generation borrows a
+    connection for its subscription and gives it back when done."""
     loop = asyncio.get_running_loop()
     client = _async_clients.get(loop)
     if client is None:
@@ -110,56 +205,159 @@ def _async_redis() -> redis.asyncio.Redis:
     return client
 
 
+class Subscription:
+    """One waiter's subscription to one job's channel (`JobWaiters.subscribe`)."""
+
+    def __init__(self, waiters: JobWaiters, channel: str):
+        self.channel = channel
+        self.messages: asyncio.Queue[bytes] = asyncio.Queue()
+        self.confirmed = False
+        self._waiters = waiters
+
+    async def next(self, timeout_s: float) -> bytes | None:
+        """The next notification on the channel, or None when `timeout_s` passes first."""
+        try:
+            return await asyncio.wait_for(self.messages.get(), timeout_s)
+        except TimeoutError:
+            return None
+
+    async def close(self) -> None:
+        await self._waiters.unsubscribe(self)
+
+
+class JobWaiters:
+    """Every job channel this process's requests wait on, on one Redis connection per event
+    loop: a subscription costs a command on an open connection, not a connection. A reader
+    task hands each notification to the subscriptions of its channel; should the connection
+    break, redis-py reconnects and subscribes again, and waiters re-read on their interval."""
+
+    def __init__(self) -> None:
+        self._pubsub: redis.asyncio.client.PubSub | None = None
+        self._reader: asyncio.Task | None = None
+        self._by_channel: dict[str, set[Subscription]] = {}
+        self._confirmations: dict[str, asyncio.Future] = {}
+        self._started = asyncio.Lock()
+
+    async def subscribe(self, job_id: str | uuid.UUID) -> Subscription:
+        """Subscribe to the job's channel; `confirmed` once Redis said so (bounded wait)."""
+        subscription = Subscription(self, job_channel(job_id))
+        channel = subscription.channel
+        first = channel not in self._by_channel
+        self._by_channel.setdefault(channel, set()).add(subscription)
+        try:
+            await self._start()
+            if first:
+                confirmation = asyncio.get_running_loop().create_future()
+                self._confirmations[channel] = confirmation
+                await self._pubsub.subscribe(channel)
+            else:
+                confirmation = self._confirmations.get(channel)
+            if confirmation is not None:
+                await asyncio.wait_for(asyncio.shield(confirmation), SUBSCRIBE_CONFIRM_TIMEOUT_S)
+            subscription.confirmed = True
+        except (redis.RedisError, OSError, TimeoutError) as exc:
+            logger.warning("no Redis subscription for job %s (%s); re-reading instead", job_id, exc)
+        return subscription
+
+    async def unsubscribe(self, subscription: Subscription) -> None:
+        channel = subscription.channel
+        others = self._by_channel.get(channel, set())
+        others.discard(subscription)
+        if others:
+            return
+        self._by_channel.pop(channel, None)
+        self._confirmations.pop(channel, None)
+        if self._pubsub is not None:
+            try:
+                await self._pubsub.unsubscribe(channel)
+            except (redis.RedisError, OSError):
+                pass  # the connection is gone, and the subscription with it
+
+    async def _start(self) -> None:
+        if self._reader is not None and not self._reader.done():
+            return
+        async with self._started:
+            if self._reader is not None and not self._reader.done():
+                return
+            if self._pubsub is None:
+                self._pubsub = _async_redis().pubsub()
+                # A channel of the process's own keeps the connection subscribed (and its
+                # reader reading) while no request waits.
+                await self._pubsub.subscribe(f"renq:web-waiters:{os.getpid()}:{id(self)}")
+            self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        pubsub = self._pubsub
+        while True:
+            try:
+                message = await pubsub.get_message(timeout=SAFETY_RECHECK_S)
+            except (redis.RedisError, OSError) as exc:
+                logger.warning("job notifications interrupted (%s); reconnecting", exc)
+                await asyncio.sleep(0.5)
+                continue
+            if message is None:
+                continue
+            channel = message["channel"]
+            channel = channel.decode() if isinstance(channel, bytes) else channel
+            if message["type"] == "subscribe":
+                confirmation = self._confirmations.get(channel)
+                if confirmation is not None and not confirmation.done():
+                    confirmation.set_result(True)
+            elif message["type"] == "message":
+                for subscription in self._by_channel.get(channel, ()):
+                    subscription.messages.put_nowait(message["data"])
+
+
+_job_waiters: dict[asyncio.AbstractEventLoop, JobWaiters] = {}
+
+
+def job_waiters() -> JobWaiters:
+    """This event loop's JobWaiters."""
+    loop = asyncio.get_running_loop()
+    waiters = _job_waiters.get(loop)
+    if waiters is None:
+        for stale in [other for other in _job_waiters if other.is_closed()]:
+            del _job_waiters[stale]
+        waiters = _job_waiters[loop] = JobWaiters()
+    return waiters
+
+
+async def subscribe(job_id: str | uuid.UUID) -> Subscription:
+    """This event loop's subscription to the job's notification (see JobWaiters)."""
+    return await job_waiters().subscribe(job_id)
+
+
 async def wait_for_final_job(
     job_id: str | uuid.UUID,
     read_final_job: Callable[[], Awaitable[T | None]],
     *,
     timeout_s: float,
+    subscription: Subscription | None = None,
+    from_notice: Callable[[Notice], T] | None = None,
 ) -> T | None:
-    """Return `read_final_job()`'s answer once it is not None (the job is final), or None when
-    `timeout_s` passes first.
+    """Return the final job, or None when `timeout_s` passes first.
 
     `read_final_job` reads the job from Postgres and returns it only if it is final; it runs
-    once after the subscription is confirmed, once per notification (a notification may be
-    spurious: it is only a hint to look) and once per SAFETY_RECHECK_S.
+    once the subscription is confirmed (unless `subscription` was confirmed before the job
+    was submitted: then nothing can have been missed), once per notification that carries no
+    outcome (a notification may be spurious: it is only a hint to look) and once per
+    SAFETY_RECHECK_S. A notification with the job's outcome is answered by `from_notice`,
+    without a read.
     """
     deadline = time.monotonic() + timeout_s
-    pubsub = _async_redis().pubsub()
-    subscribed = False
+    read_first = subscription is None or not subscription.confirmed
+    if subscription is None:
+        subscription = await subscribe(job_id)
     try:
-        try:
-            await pubsub.subscribe(job_channel(job_id))
-            # The first message on a fresh subscription is Redis's confirmation.
-            await pubsub.get_message(timeout=SUBSCRIBE_CONFIRM_TIMEOUT_S)
-            subscribed = True
-        except (redis.RedisError, OSError) as exc:
-            logger.warning("no Redis subscription for job %s (%s); re-reading instead", job_id, exc)
-        while True:
-            job = await read_final_job()
-            if job is not None:
-                return job
-            left_s = deadline - time.monotonic()
-            if left_s <= 0:
-                return None
-            await _next_hint(pubsub if subscribed else None, min(left_s, SAFETY_RECHECK_S))
-    finally:
-        try:
-            await pubsub.aclose()  # unsubscribes and gives the connection back to the pool
-        except (redis.RedisError, OSError):
-            pass
-
-
-async def _next_hint(pubsub: redis.asyncio.client.PubSub | None, timeout_s: float) -> None:
-    """Block until a notification for the job arrives or `timeout_s` passes."""
-    if pubsub is None:
-        await asyncio.sleep(timeout_s)
-        return
-    deadline = time.monotonic() + timeout_s
-    try:
+        if read_first and (job := await read_final_job()) is not None:
+            return job
         while (left_s := deadline - time.monotonic()) > 0:
-            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=left_s)
-            if message is not None:
-                return
-    except (redis.RedisError, OSError):
-        # The subscription broke; sleep out the interval, the caller re-reads the job.
-        await asyncio.sleep(max(0.0, deadline - time.monotonic()))
+            data = await subscription.next(min(left_s, SAFETY_RECHECK_S))
+            notice = Notice.decode(data) if data and from_notice is not None else None
+            if notice is not None:
+                return from_notice(notice)
+            if (job := await read_final_job()) is not None:
+                return job
+        return None
+    finally:
+        await subscription.close()

@@ -26,6 +26,7 @@ from opentelemetry.trace import SpanKind
 from inference.config.plans import plan_weight
 from inference.dispatch import fair_share, queues
 from inference.jobs.kinds import kind_of
+from inference.jobs.tiers import Tier
 from inference.models import Job, JobStatus, Tenant
 from renq_site import tracing
 from renq_site.celery import app
@@ -147,10 +148,15 @@ _channels = ConfirmChannels(lambda: app.connection_for_write())
 
 
 def task_message(
-    name: str, args: list, *, priority: int, extra_headers: dict | None = None
+    name: str,
+    args: list,
+    *,
+    priority: int,
+    extra_headers: dict | None = None,
+    persistent: bool = True,
 ) -> amqp.Message:
-    """The message Celery's worker runs as `name(*args)` (task protocol 2, JSON, persistent),
-    with the headers `app.amqp.as_task_v2` writes for a task that stores no result."""
+    """The message Celery's worker runs as `name(*args)` (task protocol 2, JSON), with the
+    headers `app.amqp.as_task_v2` writes for a task that stores no result."""
     task_id = str(uuid.uuid4())  # Postgres, not the message id, makes runs unique
     headers = {
         "lang": "py",
@@ -181,7 +187,7 @@ def task_message(
         content_type="application/json",
         content_encoding="utf-8",
         application_headers=headers,
-        delivery_mode=2,
+        delivery_mode=2 if persistent else 1,
         priority=priority,
         correlation_id=task_id,
         reply_to="",
@@ -192,13 +198,21 @@ _NO_CANVAS = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
 def publish_task(
-    name: str, args: list, *, queue: str, priority: int = 0, extra_headers: dict | None = None
+    name: str,
+    args: list,
+    *,
+    queue: str,
+    priority: int = 0,
+    extra_headers: dict | None = None,
+    persistent: bool = True,
 ) -> None:
     """One task message to `queue`, confirmed by RabbitMQ. Raises what the broker raises
-    (the callers leave the job to the outbox)."""
-    _channels.publish(
-        task_message(name, args, priority=priority, extra_headers=extra_headers), queue
+    (the callers leave the job to the outbox). A message not `persistent` is confirmed
+    without waiting for RabbitMQ's disk, and lost if RabbitMQ restarts."""
+    message = task_message(
+        name, args, priority=priority, extra_headers=extra_headers, persistent=persistent
     )
+    _channels.publish(message, queue)
 
 
 def _send(target: Destination, jobs: Sequence[Job], tag: fair_share.Tag | None) -> bool:
@@ -207,10 +221,19 @@ def _send(target: Destination, jobs: Sequence[Job], tag: fair_share.Tag | None) 
     priority, headers = target.priority, None
     if tag is not None:
         priority, headers = tag.priority, {fair_share.START_TAG_HEADER: tag.start}
+    # A realtime message skips RabbitMQ's disk (its fsync is on the confirm's path): should
+    # RabbitMQ restart, the row in Postgres outlives it and the lost-message sweep publishes
+    # it again, by when a realtime job has mostly passed its queue_timeout anyway.
+    persistent = any(job.tier != Tier.REALTIME for job in jobs)
     try:
         with tracing.span("renq.publish", SpanKind.PRODUCER, queue=target.queue, job_ids=job_ids):
             publish_task(
-                target.task, args, queue=target.queue, priority=priority, extra_headers=headers
+                target.task,
+                args,
+                queue=target.queue,
+                priority=priority,
+                extra_headers=headers,
+                persistent=persistent,
             )
     except Exception:  # noqa: BLE001 - any broker failure leaves the job for the sweeper
         logger.warning(

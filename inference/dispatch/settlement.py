@@ -103,11 +103,15 @@ def settle_attempts(
     call's breaker is counted by the call itself (routing.calls). `cascade`: one shared by the
     caller's many settlements (the sweep's), else a new one."""
     routed = [a for a in attempts if a.backend is not None]
+    stored = [
+        a.outcome if a.backend is None else replace(a.outcome, backend=a.backend.name)
+        for a in attempts
+        if a.backend is None or not a.failed
+    ]
+    failed = [a for a in routed if a.failed]
     if routed:
         now = timezone.now()
         record_attempts(a.record(now) for a in routed)
-    stored = [a.outcome for a in attempts if a.backend is None or not a.failed]
-    failed = [a for a in routed if a.failed]
     if failed:
         if all_failed_trips_breaker and len(failed) == len(attempts):
             _count_on_breakers({a.backend for a in failed})

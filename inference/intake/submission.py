@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -135,6 +136,9 @@ class JobRequest:
     requested_tier: Tier | None = None
     # Why tier is not requested_tier.
     tier_reason: str = ""
+    # The new job's id, when the caller chose it (a front door that subscribes to the job's
+    # notification before submitting it); a fresh one otherwise.
+    job_id: uuid.UUID | None = None
 
     @property
     def tokens(self) -> int:
@@ -167,8 +171,10 @@ def submit_job(
     deadline_ms: Any = None,
     idempotency_key: str = "",
     actor: str = "",
+    job_id: uuid.UUID | None = None,
 ) -> Job:
-    """Validate, admit and store one job; its dispatch message is published after commit.
+    """Validate, admit and store one job (with `job_id`, if given); its dispatch message is
+    published after commit.
 
     Raises InputError (400, names the field; UnservableJob when no configured backend can
     serve it) or AdmissionRefused (429/503 with Retry-After).
@@ -184,6 +190,8 @@ def submit_job(
         priority=priority,
         deadline_ms=deadline_ms,
     )
+    if job_id is not None:
+        request = replace(request, job_id=job_id)
     try:
         return submit_jobs(tenant, [request], idempotency_key=key, listed=False, actor=actor)[0]
     except IntegrityError:
@@ -413,6 +421,7 @@ def _new_job(tenant: Tenant, request: JobRequest, now, idempotency_key: str, dig
         published_at=now,
         deadline_at=deadline_at,
         idempotency_key=idempotency_key,
+        **({"id": request.job_id} if request.job_id is not None else {}),
     )
 
 

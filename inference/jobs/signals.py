@@ -18,5 +18,6 @@ jobs_ended = Signal()
 jobs_leaving = Signal()
 
 # `job_ids`: jobs that reached a final status, sent once their transaction committed (a
-# receiver that wakes waiters must not wake them before the row is visible).
+# receiver that wakes waiters must not wake them before the row is visible); `stored`: the
+# Outcome objects of those that succeeded with exactly that outcome stored (may be empty).
 jobs_finished = Signal()

@@ -124,6 +124,7 @@ RETURNING j.id, j.tenant_id, j.worker, j.status)
 INSERT INTO inference_auditevent (at, kind, tenant_id, job_id, actor, detail)
 SELECT clock_timestamp(), 'completed', tenant_id, id, worker, jsonb_build_object('status', status)
   FROM done
+RETURNING job_id
 """
 _SUCCEED_ROW = (
     "(%s::uuid, %s::uuid, %s, %s::bytea, %s::timestamptz, %s::double precision, %s::integer,"
@@ -155,6 +156,8 @@ class Outcome:
     tokens: int | None = None
     # A failure that is a verdict on the job (its input makes the model raise): dead-letter it.
     dead_letter: bool = False
+    # The name of the routed backend that produced it (None: an unrouted service's worker).
+    backend: str | None = None
 
 
 def missed_deadline(job: JobRow, now: datetime) -> bool:
@@ -240,11 +243,15 @@ def _from_row(db: str, row: tuple, layout: tuple):
     return part.from_db(db, attnames, values)
 
 
-def _finished_on_commit(model, job_ids: list, using: str) -> None:
-    """Waiters hear of final jobs once the rows they will read are committed."""
+def _finished_on_commit(
+    model, job_ids: list, using: str, stored: Sequence[Outcome] = ()
+) -> None:
+    """Waiters hear of final jobs once the rows they will read are committed. `stored`: the
+    successes among them whose rows this transaction wrote (their outcome is the row's)."""
     transaction.on_commit(
-        lambda: signals.jobs_finished.send(model, job_ids=job_ids), using=using
+        lambda: signals.jobs_finished.send(model, job_ids=job_ids, stored=stored), using=using
     )
+
 
 
 def _leaving(queryset: JobQuerySet, from_status: str, status: str, reason: str) -> None:
@@ -347,16 +354,21 @@ class JobQuerySet(models.QuerySet):
         # audit rows come from the same statement, only for the rows it moved, so a second
         # store under the same claim (a redelivered message) records no second completion.
         written = 0
+        succeeded: set[str] = set()
         with _atomic_if(bool(failures), self.db), connection.cursor() as cursor:
             if rows:
-                execute_values(
-                    cursor.cursor,
-                    _SUCCEED_AND_AUDIT_SQL,
-                    rows,
-                    template=_SUCCEED_ROW,
-                    page_size=len(rows),
-                )
-                written = cursor.cursor.rowcount
+                succeeded = {
+                    str(row[0])
+                    for row in execute_values(
+                        cursor.cursor,
+                        _SUCCEED_AND_AUDIT_SQL,
+                        rows,
+                        template=_SUCCEED_ROW,
+                        page_size=len(rows),
+                        fetch=True,
+                    )
+                }
+                written = len(succeeded)
             failed_now = [
                 o.job.pk
                 for o in failures
@@ -372,7 +384,12 @@ class JobQuerySet(models.QuerySet):
             ]
             written += len(failed_now)
             _audit(cursor, failed_now, "completed", [JobStatus.FAILED], token)
-        _finished_on_commit(self.model, [o.job.pk for o in outcomes], self.db)
+        _finished_on_commit(
+            self.model,
+            [o.job.pk for o in outcomes],
+            self.db,
+            stored=[o for o in successes if str(o.job.pk) in succeeded],
+        )
         signals.outcomes_stored.send(self.model, outcomes=outcomes)
         return written
 

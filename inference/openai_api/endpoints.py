@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from inference.intake.lookups import active_service
 from inference.jobs.kinds import kind_of
 from inference.models import Job, Service
 from inference.openai_api.chat_template import ChatTemplateError, render_chat
@@ -74,7 +75,7 @@ def find_service(model: Any, *, kind: str | None = None) -> Service:
         )
     if not isinstance(model, str) or not model:
         raise bad_request("you must provide a model parameter.", param="model")
-    service = Service.objects.filter(name=model, active=True).first()
+    service = active_service(model)
     if service is None:
         raise model_not_found(model)
     return service

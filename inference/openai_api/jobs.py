@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import uuid
 
+from django.utils import timezone
+
+from inference.intake import lookups
 from inference.intake.admission import AdmissionRefused
 from inference.intake.submission import submit_job
 from inference.jobs.inputs import InputError
-from inference.models import TERMINAL_STATUSES, ApiKey, Job, Tenant
+from inference.models import TERMINAL_STATUSES, Job, Tenant
 from inference.openai_api.endpoints import Endpoint, JobRequest, prepare
 from inference.openai_api.errors import (
     from_admission_refused,
@@ -27,8 +30,8 @@ def authenticate(authorization: str) -> Tenant:
         raise invalid_api_key(
             "You didn't provide an API key. Send it as 'Authorization: Bearer <api key>'."
         )
-    api_key = ApiKey.objects.authenticate(key.strip())
-    if api_key is None:
+    api_key = lookups.api_key(key.strip())
+    if api_key is None or (api_key.expires_at is not None and api_key.expires_at <= timezone.now()):
         raise invalid_api_key("Incorrect API key provided.")
     return api_key.tenant
 
@@ -40,9 +43,11 @@ def submit(
     priority: str | None,
     deadline_ms: int | None = None,
     idempotency_key: str = "",
+    job_id: uuid.UUID | None = None,
 ) -> tuple[Job, JobRequest]:
-    """Authenticate, translate and submit: one trip to the database thread per request. With
-    an Idempotency-Key already sent with the same request, the job that request made."""
+    """Authenticate, translate and submit (as `job_id`, if given): one trip to the database
+    thread per request. With an Idempotency-Key already sent with the same request, the job
+    that request made."""
     tenant = authenticate(authorization)
     request = prepare(endpoint, body)
     if isinstance(body, dict) and body.get("stream") is True:
@@ -56,6 +61,7 @@ def submit(
             priority=priority,
             deadline_ms=deadline_ms,
             idempotency_key=idempotency_key,
+            job_id=job_id,
         )
     except InputError as exc:
         headers = {"priority": PRIORITY_HEADER, "deadline_ms": DEADLINE_HEADER}
@@ -82,8 +88,12 @@ def cancel_if_queued(job_id: uuid.UUID) -> None:
 def renq_headers(job: Job) -> dict[str, str]:
     headers = {"X-Renq-Job-Id": str(job.pk)}
     if job.is_terminal:
-        backend = job.current_backend()
-        headers["X-Renq-Backend"] = backend.name if backend is not None else "local"
+        if hasattr(job, "noticed_backend"):
+            name = job.noticed_backend  # as its notification said (finished_as_noticed)
+        else:
+            backend = job.current_backend()
+            name = backend.name if backend is not None else None
+        headers["X-Renq-Backend"] = name or "local"
         if job.queue_wait_ms is not None:
             headers["X-Renq-Queue-Wait-Ms"] = f"{job.queue_wait_ms:.1f}"
     return headers

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from functools import wraps
 
@@ -23,7 +24,7 @@ from django.views.decorators.csrf import csrf_exempt
 from kombu.exceptions import OperationalError as BrokerError
 
 from inference.delivery.streaming import generated_text
-from inference.delivery.waiting import wait_for_final_job
+from inference.delivery.waiting import subscribe, wait_for_final_job
 from inference.intake.submission import IDEMPOTENCY_KEY_HEADER, effective_deadline_s
 from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.models import Job, Service, Tenant
@@ -123,10 +124,16 @@ def idempotency_key(request: HttpRequest) -> str:
 
 
 async def submitted(
-    request: HttpRequest, endpoint: Endpoint, body, priority: str, deadline_ms: int | None
+    request: HttpRequest,
+    endpoint: Endpoint,
+    body,
+    priority: str,
+    deadline_ms: int | None,
+    job_id: uuid.UUID | None = None,
 ) -> tuple[Job, JobRequest, float]:
-    """The request's job, submitted (or found again by its Idempotency-Key), its request, and
-    how long the request may wait for it: the client's deadline, never past the service's."""
+    """The request's job, submitted (as `job_id`, if given; or found again by its
+    Idempotency-Key), its request, and how long the request may wait for it: the client's
+    deadline, never past the service's."""
     job, job_request = await in_db_thread(
         jobs.submit,
         authorization(request),
@@ -135,8 +142,39 @@ async def submitted(
         priority,
         deadline_ms,
         idempotency_key(request),
+        job_id,
     )
     return job, job_request, effective_deadline_s(job_request.service, deadline_ms)
+
+
+async def submitted_and_final(
+    request: HttpRequest, endpoint: Endpoint, body, priority: str, deadline_ms: int | None
+) -> tuple[Job, JobRequest, float, Job | None]:
+    """Submit the request's job and wait for it: (job, request, wait bound, the final job or
+    None past the bound). The job's id is chosen here and its notification subscribed to
+    before it is submitted, so its outcome arrives with the notification: no read of the row
+    before or after."""
+    job_id = uuid.uuid4()
+    subscription = await subscribe(job_id)
+    try:
+        job, job_request, timeout_s = await submitted(
+            request, endpoint, body, priority, deadline_ms, job_id
+        )
+    except BaseException:
+        await subscription.close()
+        raise
+    if job.pk != job_id or job.is_terminal:
+        # Another request's job (its Idempotency-Key), or answered from the result cache.
+        await subscription.close()
+        subscription = None
+    final = await wait_for_final_job(
+        job.pk,
+        lambda: in_db_thread(jobs.read_final_job, job.pk),
+        timeout_s=timeout_s + VERDICT_GRACE_S,
+        subscription=subscription,
+        from_notice=lambda notice: notice.final_job(job),
+    )
+    return job, job_request, timeout_s, final
 
 
 async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpResponse:
@@ -150,11 +188,8 @@ async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpRespo
         if endpoint.kind != "llm":
             raise bad_request(f"{endpoint.path} does not stream.", "stream")
         return await stream_answer(request, endpoint, body, priority, deadline_ms)
-    job, job_request, timeout_s = await submitted(request, endpoint, body, priority, deadline_ms)
-    final = await wait_for_final_job(
-        job.pk,
-        lambda: in_db_thread(jobs.read_final_job, job.pk),
-        timeout_s=timeout_s + VERDICT_GRACE_S,
+    job, job_request, timeout_s, final = await submitted_and_final(
+        request, endpoint, body, priority, deadline_ms
     )
     if final is None:
         if deadline_ms is not None and deadline_ms / 1000 <= timeout_s:

@@ -54,7 +54,11 @@ def test_a_local_pass_records_its_routed_attempts_and_stores_every_outcome(claim
         all_failed_trips_breaker=True,
     )
 
-    assert stored == outcomes
+    # Each stored outcome names the backend that produced it (what its waiter is told).
+    assert [(o.job.pk, o.backend) for o in stored] == [
+        (routed.pk, "local-embedding"),
+        (unrouted.pk, None),
+    ]
     attempt = JobAttempt.objects.get()
     assert (attempt.job_id, attempt.backend, attempt.outcome) == (
         routed.pk,

@@ -63,7 +63,31 @@ def test_stored_outcomes_are_announced_and_waiters_hear_only_after_commit(
         assert [o.job.pk for o in stored.calls[0]["outcomes"]] == [job.pk]
         assert finished.calls == []  # not before the row is committed
     assert len(callbacks) == 1
-    assert finished.calls == [{"job_ids": [job.pk], "signal": signals.jobs_finished}]
+    [call] = finished.calls
+    assert call["job_ids"] == [job.pk]
+    # The success was written under the claim: it is announced with its outcome.
+    assert [(o.job.pk, o.result) for o in call["stored"]] == [(job.pk, {"ok": 1})]
+
+
+@pytest.mark.django_db
+def test_an_outcome_stored_under_a_lost_claim_is_not_announced_as_stored(
+    make_tenant, make_service, django_capture_on_commit_callbacks
+):
+    tenant, _ = make_tenant()
+    service = make_service("embedding")
+    job = _job(tenant, service)
+    first = Job.objects.claim([job.pk], worker="w1")
+    Job.objects.filter(pk=job.pk).requeue()
+    Job.objects.claim([job.pk], worker="w2")  # the job moved on: w1's late outcome is dropped
+    with (
+        Heard(signals.jobs_finished) as finished,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        written = Job.objects.store_outcomes(
+            first.token, [Outcome(job=first.jobs[0], result={"ok": 1})]
+        )
+    assert written == 0
+    assert finished.calls[0]["stored"] == []
 
 
 @pytest.mark.django_db

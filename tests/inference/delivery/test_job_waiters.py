@@ -1,0 +1,106 @@
+"""A web process waits for its requests' jobs on one Redis connection, and a success arrives
+with its outcome."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime
+
+import numpy as np
+
+from inference.delivery.waiting import (
+    HINT,
+    MAX_NOTICE_BYTES,
+    Notice,
+    job_waiters,
+    notice_of,
+    notify_finished,
+    wait_for_final_job,
+)
+from inference.jobs.transitions import Outcome
+from inference.jobs.vectors import VECTORS_KEY
+from inference.models import Job
+from renq_site.shared_redis import shared_redis
+
+
+def _outcome(result: dict) -> Outcome:
+    return Outcome(
+        job=Job(id=uuid.uuid4()),
+        result=result,
+        started_at=datetime(2026, 1, 1, tzinfo=UTC),
+        inference_ms=3.5,
+        batch_size=2,
+        tokens=7,
+        backend="local-embedding",
+    )
+
+
+def test_a_notice_carries_the_stored_outcome_vectors_as_float32_bytes():
+    vectors = np.arange(6, dtype=np.float32).reshape(2, 3).tolist()
+    outcome = _outcome({VECTORS_KEY: vectors, "usage": {"tokens": 7}})
+    notice = Notice.decode(notice_of(outcome, datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC)))
+    assert notice.result == {"usage": {"tokens": 7}, "dim": 3, "count": 2}
+    assert np.frombuffer(notice.vectors, dtype=np.float32).tolist() == [0, 1, 2, 3, 4, 5]
+    assert (notice.inference_ms, notice.batch_size, notice.tokens) == (3.5, 2, 7)
+    assert notice.backend == "local-embedding"
+    assert notice.finished_at - notice.started_at == (
+        datetime(2026, 1, 1, 0, 0, 1, tzinfo=UTC) - datetime(2026, 1, 1, tzinfo=UTC)
+    )
+
+
+def test_a_large_outcome_is_announced_as_a_hint_to_read_the_row():
+    outcome = _outcome({"text": "x" * (MAX_NOTICE_BYTES + 1)})
+    assert notice_of(outcome, datetime.now(UTC)) == HINT
+    assert Notice.decode(HINT) is None
+
+
+def test_many_waiters_share_one_connection_and_each_hears_only_its_job():
+    job_ids = [uuid.uuid4() for _ in range(40)]
+    clients_before = len(shared_redis().client_list(_type="pubsub"))
+
+    async def scenario() -> tuple[list, int]:
+        subscriptions = [await job_waiters().subscribe(job_id) for job_id in job_ids]
+        assert all(s.confirmed for s in subscriptions)
+        pubsub_clients = len(shared_redis().client_list(_type="pubsub")) - clients_before
+        # Every other job succeeds (announced with its outcome), the rest get a bare hint.
+        stored = [_outcome({"text": f"answer {i}"}) for i in range(0, len(job_ids), 2)]
+        for outcome, job_id in zip(stored, job_ids[::2], strict=True):
+            outcome.job = Job(id=job_id)
+        await asyncio.to_thread(notify_finished, job_ids, stored)
+
+        async def read_row() -> str:
+            return "read the row"
+
+        answers = await asyncio.gather(
+            *(
+                wait_for_final_job(
+                    job_id,
+                    read_row,
+                    timeout_s=5,
+                    subscription=subscription,
+                    from_notice=lambda notice: notice.result["text"],
+                )
+                for job_id, subscription in zip(job_ids, subscriptions, strict=True)
+            )
+        )
+        return answers, pubsub_clients
+
+    answers, pubsub_clients = asyncio.run(scenario())
+    assert pubsub_clients == 1
+    assert answers[::2] == [f"answer {i}" for i in range(0, len(job_ids), 2)]
+    assert answers[1::2] == ["read the row"] * (len(job_ids) // 2)
+
+
+def test_a_waiter_whose_job_is_never_announced_re_reads_and_times_out():
+    reads = []
+
+    async def read_row():
+        reads.append(1)
+        return None
+
+    async def scenario():
+        return await wait_for_final_job(uuid.uuid4(), read_row, timeout_s=0.3)
+
+    assert asyncio.run(scenario()) is None
+    assert len(reads) >= 2  # once after subscribing, once when the wait ran out
