@@ -6,10 +6,13 @@ A message's start tag is S = max(V, F), V being the queue's virtual time (the la
 tag a worker has taken from it) and F the tenant's finish tag; F then moves to
 S + cost / weight, the cost being the message's estimated tokens and the weight the tenant's
 plan weight. RabbitMQ serves a priority queue highest level first and in arrival order within
-a level, so the message's priority is its band: how far S lies ahead of V, in quanta of the
-service's batch token budget (under one quantum: the top level; then bands that double; the
-rest at the bottom). A tenant without a backlog starts at V and lands on the top level behind
-at most about one quantum of each other tenant's work, while a flood's later messages sink.
+a level, so the message's priority is its band: how far S lies ahead of V, in quanta of one
+batch's work (under one quantum: the top level; then bands that double; the rest at the
+bottom). The quantum is the queue's, the same for every tenant (a batch of the queue's mean
+job, kept beside the clock), so that the bands order every tenant's messages by S alike: a
+quantum sized by each tenant's own jobs sank the tenants with small jobs first. A tenant
+without a backlog starts at V and lands on the top level behind at most about one quantum of
+each other tenant's work, while a flood's later messages sink.
 A lower level is served whenever nothing waits above it, so the share is work-conserving: a
 lone tenant gets the whole worker.
 
@@ -36,21 +39,30 @@ START_TAG_HEADER = "renq_fair_start"
 TAG_TTL_S = 6 * 3600
 _PREFIX = "renq:fair:"
 
-# KEYS: (virtual time, tenant finish tag) per message; ARGV: ttl, then each message's charge.
-# Returns each message's start tag and the virtual time it was read against.
+# KEYS: (virtual time, tenant finish tag, queue's mean job tokens) per message; ARGV: ttl,
+# then each message's (charge, tokens per job). Returns each message's start tag, the virtual
+# time it was read against and the queue's mean job tokens, this message's included.
+# How fast a queue's mean job size follows its messages (a moving average over ~20).
+MEAN_STEP = 0.05
 _TAG_MESSAGES = """
 local ttl = tonumber(ARGV[1])
 local out = {}
-for i = 1, #KEYS, 2 do
+for i = 1, #KEYS, 3 do
+  local m = (i - 1) / 3
   local v = tonumber(redis.call('GET', KEYS[i]) or '0')
   local f = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
   local s = math.max(v, f)
-  redis.call('SET', KEYS[i + 1], tostring(s + tonumber(ARGV[(i + 1) / 2 + 1])), 'EX', ttl)
+  redis.call('SET', KEYS[i + 1], tostring(s + tonumber(ARGV[2 + 2 * m])), 'EX', ttl)
+  local per_job = tonumber(ARGV[3 + 2 * m])
+  local mean = tonumber(redis.call('GET', KEYS[i + 2]) or '0')
+  if mean <= 0 then mean = per_job else mean = mean + MEAN_STEP * (per_job - mean) end
+  redis.call('SET', KEYS[i + 2], tostring(mean), 'EX', ttl)
   out[#out + 1] = tostring(s)
   out[#out + 1] = tostring(v)
+  out[#out + 1] = tostring(mean)
 end
 return out
-"""
+""".replace("MEAN_STEP", repr(MEAN_STEP))
 
 # KEYS: virtual times; ARGV: the start tag taken from each. The clock only moves forward.
 _ADVANCE = """
@@ -79,8 +91,10 @@ class Charge:
     queue: str
     tenant_id: int
     tokens: int
+    jobs: int  # the jobs the message carries
     weight: float
-    quantum: float
+    batch_jobs: int  # the service's batch_size
+    batch_tokens: int  # the service's token budget of a batch
 
 
 @dataclass(frozen=True)
@@ -107,8 +121,15 @@ def tag_messages(charges: Sequence[Charge], *, top: int) -> list[Tag] | None:
     keys: list[str] = []
     args: list[float] = [TAG_TTL_S]
     for charge in charges:
-        keys += [_clock_key(charge.queue), f"{_PREFIX}{charge.queue}:f:{charge.tenant_id}"]
-        args.append(max(1, charge.tokens) / max(charge.weight, 1e-6))
+        keys += [
+            _clock_key(charge.queue),
+            f"{_PREFIX}{charge.queue}:f:{charge.tenant_id}",
+            f"{_PREFIX}{charge.queue}:mean",
+        ]
+        args += [
+            max(1, charge.tokens) / max(charge.weight, 1e-6),
+            max(1.0, charge.tokens / max(1, charge.jobs)),
+        ]
     try:
         tag_script, _ = _script_pair(shared_redis())
         values = tag_script(keys=keys, args=args)
@@ -117,8 +138,9 @@ def tag_messages(charges: Sequence[Charge], *, top: int) -> list[Tag] | None:
         return None
     tags = []
     for i, charge in enumerate(charges):
-        start, clock = float(values[2 * i]), float(values[2 * i + 1])
-        tags.append(Tag(start, band(start - clock, charge.quantum, top)))
+        start, clock, mean = (float(value) for value in values[3 * i : 3 * i + 3])
+        quantum = min(charge.batch_tokens, charge.batch_jobs * mean)
+        tags.append(Tag(start, band(start - clock, quantum, top)))
     return tags
 
 

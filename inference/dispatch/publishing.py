@@ -323,17 +323,15 @@ def _fair_tags(messages: list[tuple[Destination, list[Job]]]) -> list[fair_share
     for target, group in messages:
         first = group[0]
         estimate = kind_of(first.service.kind).estimate_tokens
-        tokens = sum(estimate(job.input)[0] for job in group)
-        per_job = max(1.0, tokens / len(group))
         charges.append(
             fair_share.Charge(
                 queue=target.queue,
                 tenant_id=first.tenant_id,
-                tokens=tokens,
+                tokens=sum(estimate(job.input)[0] for job in group),
+                jobs=len(group),
                 weight=plan_weight(plans.get(first.tenant_id, "")),
-                # One batch's worth of this tenant's work: the service's batch of such jobs,
-                # or its token budget if that is less.
-                quantum=min(first.service.max_total_tokens, first.service.batch_size * per_job),
+                batch_jobs=first.service.batch_size,
+                batch_tokens=first.service.max_total_tokens,
             )
         )
     computed = fair_share.tag_messages(charges, top=queues.MAX_PRIORITY)

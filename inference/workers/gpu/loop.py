@@ -45,13 +45,16 @@ logger = logging.getLogger(__name__)
 # One task keeps forming batches while work is waiting for at most this long (its seed message
 # stays unacked meanwhile): far below the 300 s task limit and RabbitMQ's consumer_timeout.
 DRAIN_LIMIT_S = 20.0
-# The next batch is formed halfway through the running pass's predicted run, and at least this
-# long before its predicted end: late enough that work arriving meanwhile is taken in priority
-# order (tier, then plan) rather than in order of arrival, early enough that pulling, claiming
-# and tokenizing it are done when the pass ends even when the prediction runs long. An early
-# form that found nothing is repeated when the pass ends, so nothing arriving meanwhile waits
-# for a new task.
+# The next batch is formed as late in the running pass as forming allows: late, so that work
+# arriving meanwhile is taken in priority order (tier, then plan, then tenant) and a quiet
+# tenant's job that arrives during a pass runs in the next one, not the one after; early
+# enough that pulling, claiming and tokenizing it are done when the pass ends. So: before the
+# pass's predicted end by what forming took (times FORM_MARGIN) plus how much sooner than
+# predicted passes have ended, at least FORM_AHEAD_S; halfway through until a pass of the
+# task was measured. An early form that found nothing is repeated when the pass ends, so
+# nothing arriving meanwhile waits for a new task.
 FORM_AHEAD_S = 0.05
+FORM_MARGIN = 2.0
 # One read of the service's cost model serves the loop this long (its own batches refresh it).
 COST_MODEL_REUSE_S = 1.0
 
@@ -91,6 +94,9 @@ class DrainLoop:
         self._engine = engine
         self._model_thread = model_thread
         self._started_at = 0.0  # time.monotonic() when the running pass started
+        self._predicted_s = 0.0  # the running pass's predicted run
+        self._form_s = 0.0  # how long forming a batch has taken (moving average)
+        self._early_s: float | None = None  # how much sooner than predicted passes ended
 
     def hold(self, held: Held, tier: Tier | None) -> None:
         """A claimed job to run (a seed), held in the line until its batch is formed."""
@@ -118,8 +124,11 @@ class DrainLoop:
             # While the model runs: form and claim the next batch, as late as the pass allows,
             # so what arrives meanwhile is ordered by tier and plan, not by arrival.
             self._wait_until_due(held, future)
+            forming_at = time.monotonic()
             upcoming = self.former.form() if self.line.holding or self.intake.pulling else []
             formed_at = time.monotonic()
+            if upcoming:
+                self._form_s = (self._form_s + formed_at - forming_at) / 2
             outcomes = self._wait(held, future)
             unfinished, finished = self._carry_on(held, outcomes)
             if not upcoming and (
@@ -145,10 +154,13 @@ class DrainLoop:
         return realtime
 
     def _wait_until_due(self, batch: list[Held], future: Future) -> None:
-        """Until halfway through the running pass's predicted run, at the latest FORM_AHEAD_S
-        before its predicted end (or until it ends)."""
-        predicted_s = self.former.predict_s(sum(h.item.tokens for h in batch))
-        form_after_s = min(predicted_s / 2, predicted_s - FORM_AHEAD_S)
+        """Until it is time to form the next batch (see FORM_MARGIN), or the pass ends."""
+        predicted_s = self._predicted_s = self.former.predict_s(sum(h.item.tokens for h in batch))
+        if self._early_s is None:
+            form_after_s = min(predicted_s / 2, predicted_s - FORM_AHEAD_S)
+        else:
+            ahead_s = max(FORM_AHEAD_S, FORM_MARGIN * self._form_s + self._early_s)
+            form_after_s = predicted_s - ahead_s
         due_in_s = self._started_at + form_after_s - time.monotonic()
         if due_in_s > 0:
             wait_futures([future], timeout=due_in_s)
@@ -180,7 +192,10 @@ class DrainLoop:
         limit_s = self.former.service.inference_timeout
         started_at = timezone.now()
         try:
-            return future.result(timeout=limit_s if limit_s > 0 else None)
+            outcomes = future.result(timeout=limit_s if limit_s > 0 else None)
+            early_s = max(0.0, self._predicted_s - (time.monotonic() - self._started_at))
+            self._early_s = early_s if self._early_s is None else (self._early_s + early_s) / 2
+            return outcomes
         except FutureTimeout:
             # The attempt is over for the jobs (a routed job moves down its cascade); the
             # pass itself cannot be interrupted, so the next one starts after it ends.
