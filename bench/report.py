@@ -387,6 +387,10 @@ def write_report(r: dict, out: Path) -> None:
         lines += _settings_section(r)
     if "padding" in r:
         lines += _padding_section(r["padding"])
+    if "fast_path" in r:
+        from bench.fast_path import report_lines
+
+        lines += ["", *report_lines(r["fast_path"])]
     (out / "README.md").write_text("\n".join(lines) + "\n")
 
 

@@ -19,6 +19,9 @@ submit_profile.txt). Scenarios, in order:
 - tenants: fairness between tenants inside a tier (issue 27): quiet tenants beside a flood,
   throughput vs the flood alone, Jain's index, a free realtime flood beside pro api jobs
   (bench/tenants.py, no-op model);
+- fast_path: the realtime fast path (issue 29): idle overhead of /v1/embeddings and REST
+  POST ?wait= over the raw forward pass, the idle trace stage by stage, CPU per no-op job
+  against plain Celery (bench/fast_path.py);
 - result_bytes: bytes per embedding job stored, sent and answered, JSON floats vs float32
   (bench/result_bytes.py; results.json only).
 
@@ -57,6 +60,7 @@ from processes import CONTROL_WORKER_OPTIONS, ProcessGroup, free_port  # noqa: E
 
 from bench import (  # noqa: E402
     bulk,
+    fast_path,
     inprocess_pipeline,
     noop_throughput,
     priority,
@@ -98,6 +102,7 @@ SCENARIOS = (
     "bulk",
     "priority",
     "tenants",
+    "fast_path",
     "result_bytes",
 )
 # The Celery worker pools compared for the GPU worker (idle realtime latency, one process each).
@@ -614,6 +619,8 @@ def main() -> int:
         scenario_bulk_priority(results, engine, which, args.quick)
     if "tenants" in which:
         results["tenants"] = tenants.run(quick=args.quick)
+    if "fast_path" in which:
+        results["fast_path"] = fast_path.run(quick=args.quick)
     if "result_bytes" in which:
         results["result_bytes"] = result_bytes.run(engine)
         print(result_bytes.report(results["result_bytes"]), flush=True)

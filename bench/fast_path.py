@@ -1,0 +1,342 @@
+"""The realtime fast path (issue 29), in one run on this machine:
+
+- overhead at idle: one short text, `X-Renq-Priority: realtime`, sequential requests on a
+  keep-alive connection, client-observed time minus the raw forward pass of the same texts
+  (the engine in this process, same threads), p50/p99, for POST /v1/embeddings and for
+  POST /api/v1/jobs?wait= (config.yaml's embedding runtime, rate limit lifted);
+- the idle trace: the same requests with tracing on (spans written to a file by each
+  process), each stage's p50/p99 from its spans. Tracing adds its own cost to every stage:
+  the stages say where the time goes, the overhead above says how much there is;
+- CPU per no-op job against plain Celery, side by side: renq's single-job and 100-job POSTs
+  (bench.noop_throughput) and `apply_async` of a no-op task from 8 producer threads with
+  its result in Redis (Celery's defaults), each with one worker process.
+
+    .venv/bin/python bench/run_all.py --only fast_path
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from datetime import datetime
+from pathlib import Path
+
+from processes import RUN_DIR
+
+from bench.common import (
+    DB_NAME,
+    MODEL_REF,
+    MODEL_THREADS,
+    bench_tenant,
+    embedding_service,
+    pct,
+    purge_queues,
+    run_nonce,
+)
+from bench.cpu import CpuMeter
+
+SERVICE = "bench-fast-path"
+PLAIN_QUEUE = "bench.plain-noop"
+
+
+def _summary(values: list[float]) -> dict:
+    ordered = sorted(values)
+    return {"p50_ms": round(statistics.median(ordered), 2), "p99_ms": round(pct(ordered, 99), 2)}
+
+
+def raw_forward_ms(texts: list[str]) -> list[float]:
+    """The engine's own forward pass of each text, alone, in this process."""
+    import torch
+
+    from inference.engines import load_engine
+
+    torch.set_num_threads(MODEL_THREADS)
+    engine = load_engine("embedding", MODEL_REF)
+    for text in texts[:10]:
+        engine.run_batch([{"texts": [text]}])  # warm-up
+    times = []
+    for text in texts:
+        started = time.perf_counter()
+        engine.run_batch([{"texts": [text]}])
+        times.append((time.perf_counter() - started) * 1000)
+    return times
+
+
+def _requests(url: str, key: str, texts: list[str]) -> dict[str, list[float]]:
+    """Client-observed ms per request: /v1/embeddings, then REST POST ?wait=."""
+    import requests
+
+    session = requests.Session()
+    session.headers["Authorization"] = f"Bearer {key}"
+    realtime = {"X-Renq-Priority": "realtime"}
+    timings: dict[str, list[float]] = {"v1": [], "rest_wait": []}
+    for i, text in enumerate(texts):
+        started = time.perf_counter()
+        answer = session.post(
+            f"{url}/v1/embeddings", json={"model": SERVICE, "input": text}, headers=realtime
+        )
+        elapsed = (time.perf_counter() - started) * 1000
+        answer.raise_for_status()
+        if i >= 10:  # warm-up excluded
+            timings["v1"].append(elapsed)
+    for i, text in enumerate(texts):
+        started = time.perf_counter()
+        answer = session.post(
+            f"{url}/api/v1/jobs?wait=10",
+            json={"service": SERVICE, "priority": "realtime", "input": {"texts": [text]}},
+        )
+        if answer.status_code == 202:
+            # A renq without ?wait= (the run of an earlier commit): poll every ms instead.
+            job_url = f"{url}/api/v1/jobs/{answer.json()['id']}"
+            while session.get(job_url).json()["status"] in ("queued", "running"):
+                time.sleep(0.001)
+        elif answer.status_code != 200:
+            raise RuntimeError(f"POST ?wait= answered {answer.status_code}: {answer.text[:300]}")
+        elapsed = (time.perf_counter() - started) * 1000
+        if i >= 10:
+            timings["rest_wait"].append(elapsed)
+    return timings
+
+
+def _at(span: dict, key: str) -> float:
+    return datetime.fromisoformat(span[key].replace("Z", "+00:00")).timestamp() * 1000
+
+
+# Stage → (span whose edge starts it, edge), (span whose edge ends it, edge), in request order.
+STAGES = [
+    (
+        "http in → publish (auth, admission, INSERT + commit)",
+        ("request", "start"),
+        ("publish", "start"),
+    ),
+    ("publish + confirm", ("publish", "start"), ("publish", "end")),
+    ("publish → task runs (broker, pool)", ("publish", "start"), ("task", "start")),
+    ("task → claimed", ("task", "start"), ("claim", "end")),
+    ("claimed → forward starts", ("claim", "end"), ("forward", "start")),
+    ("forward pass", ("forward", "start"), ("forward", "end")),
+    ("forward → stored", ("forward", "end"), ("store", "end")),
+    ("stored → answer sent", ("store", "end"), ("request", "end")),
+]
+SPAN_NAMES = {
+    "request": "POST /v1/embeddings",
+    "publish": "renq.publish",
+    "task": "run/inference.run_job",
+    "claim": "renq.claim",
+    "forward": "renq.forward",
+    "store": "renq.store",
+}
+
+
+def stage_trace(trace_file: Path) -> dict:
+    """Each stage's p50/p99 over the traced requests. A job's trace starts at its publish
+    (the group commit's thread publishes it), so the worker's spans are found by that trace
+    and the web's request span by time: the requests were sequential, each holds the one
+    publish that happened during it."""
+    spans = [json.loads(line) for line in trace_file.read_text().splitlines() if line.strip()]
+    by_trace: dict[str, list[dict]] = defaultdict(list)
+    for span in spans:
+        by_trace[span["context"]["trace_id"]].append(span)
+    requests = [s for s in spans if s["name"] == SPAN_NAMES["request"]]
+    stages: dict[str, list[float]] = defaultdict(list)
+    for publish in (s for s in spans if s["name"] == SPAN_NAMES["publish"]):
+        found = {"publish": publish}
+        for role in ("task", "claim", "forward", "store"):
+            named = [
+                s for s in by_trace[publish["context"]["trace_id"]] if s["name"] == SPAN_NAMES[role]
+            ]
+            if named:
+                found[role] = named[0]
+        at = _at(publish, "start_time")
+        request = next(
+            (r for r in requests if _at(r, "start_time") <= at <= _at(r, "end_time")), None
+        )
+        if request is None or len(found) < 5:
+            continue
+        found["request"] = request
+        for label, (first, first_edge), (last, last_edge) in STAGES:
+            stages[label].append(
+                _at(found[last], f"{last_edge}_time") - _at(found[first], f"{first_edge}_time")
+            )
+    return {
+        "requests": len(next(iter(stages.values()), [])),
+        "stages": {label: _summary(values) for label, values in stages.items()},
+    }
+
+
+def overhead(*, quick: bool) -> dict:
+    from processes import ProcessGroup, free_port
+
+    from inference.dispatch.queues import service_queues
+
+    embedding_service(SERVICE)
+    _, key = bench_tenant()
+    purge_queues(service_queues(SERVICE))
+    nonce = run_nonce()
+    count = 60 if quick else 200
+    texts = [f"hello world {nonce} {i}" for i in range(count + 10)]
+    results: dict = {"requests": count}
+    forward = raw_forward_ms(texts)
+    results["raw_forward"] = _summary(forward[10:])
+    raw_ms = statistics.median(forward[10:])
+    with ProcessGroup() as procs:
+        url = procs.web(free_port(), workers=1)
+        procs.worker("bench-fast-path", service_queues(SERVICE), threads=MODEL_THREADS)
+        timings = _requests(url, key, texts)
+    results["v1_embeddings_client_ms"] = _summary(timings["v1"])
+    results["rest_post_wait_client_ms"] = _summary(timings["rest_wait"])
+    results["v1_embeddings_overhead"] = _summary([t - raw_ms for t in timings["v1"]])
+    results["rest_post_wait_overhead"] = _summary([t - raw_ms for t in timings["rest_wait"]])
+    print(f"idle overhead over the raw forward ({raw_ms:.2f} ms): {results}", flush=True)
+
+    trace_file = Path(tempfile.mkdtemp(prefix="renq-fast-path-")) / "spans.jsonl"
+    traced = {"RENQ_TRACING": "1", "RENQ_TRACE_FILE": str(trace_file)}
+    with ProcessGroup(env=traced) as procs:
+        url = procs.web(free_port(), workers=1)
+        procs.worker("bench-fast-path", service_queues(SERVICE), threads=MODEL_THREADS)
+        traced_texts = [f"traced {nonce} {i}" for i in range(40 if quick else 110)]
+        _requests(url, key, traced_texts)
+        time.sleep(1.0)  # the last spans are written
+    results["trace_with_tracing_on"] = stage_trace(trace_file)
+    print(json.dumps(results["trace_with_tracing_on"], indent=2), flush=True)
+    return results
+
+
+def _queue_depth(name: str) -> int:
+    from renq_site.celery import app
+
+    with app.connection_for_write() as conn:
+        return app.amqp.queues[name](conn.channel()).queue_declare(passive=True).message_count
+
+
+def plain_celery_noop(*, quick: bool) -> dict:
+    """apply_async of a no-op task from 8 threads of a producer process, one prefork worker,
+    results in Redis: CPU per task by process."""
+    from processes import ProcessGroup
+
+    purge_queues([PLAIN_QUEUE])
+    seconds = 3.0 if quick else 10.0
+    # The producer exits before the meter stops: its CPU is what this process reaps of it.
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with ProcessGroup() as procs:
+        procs.worker("bench-plain-noop", [PLAIN_QUEUE], extra=["-I", "bench.plain_tasks"])
+        procs.start(
+            "plain-producer",
+            [sys.executable, "bench/plain_producer.py", "8", str(seconds), PLAIN_QUEUE],
+        )
+        producer, worker = procs.procs["plain-producer"], procs.procs["bench-plain-noop"]
+        meter = CpuMeter(DB_NAME, {"web": producer.pid, "worker": worker.pid})
+        meter.start()
+        started = time.time()
+        producer.wait(timeout=seconds + 120)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        producer_s = (after.ru_utime - reaped.ru_utime) + (after.ru_stime - reaped.ru_stime)
+        while _queue_depth(PLAIN_QUEUE) > 0 and time.time() - started < 300:
+            time.sleep(0.2)
+        time.sleep(0.5)  # the last task's result is stored
+        cpu = meter.stop()
+        span_s = time.time() - started
+    log = (RUN_DIR / "plain-producer.log").read_text()
+    sent = int(log.strip().splitlines()[-1])
+    cpu["web_s"] = producer_s  # the "web" role is the producer process here
+    roles = ("web", "worker", "postgres", "rabbitmq", "redis")
+    stack_s = sum(cpu[f"{role}_s"] for role in roles)
+    return {
+        "tasks": sent,
+        "tasks_s": round(sent / span_s, 1),
+        "cpu_ms_per_task": round(1000 * stack_s / max(1, sent), 3),
+        "cpu_ms_per_task_by_role": {
+            ("producer" if role == "web" else role): round(1000 * cpu[f"{role}_s"] / sent, 3)
+            for role in roles
+        },
+    }
+
+
+def cpu_against_plain_celery(*, quick: bool) -> dict:
+    from bench import noop_throughput
+
+    renq = noop_throughput.run(quick=quick, web_workers=1)
+    plain = plain_celery_noop(quick=quick)
+    single = renq["single"]["cpu_ms_per_job"]
+    batched = renq["batched"]["cpu_ms_per_job"] if "batched" in renq else None
+    results = {
+        "renq_single_job_posts": renq["single"],
+        "renq_100_per_post": renq.get("batched"),
+        "plain_celery_noop": plain,
+        "renq_single_vs_plain_cpu": round(single / plain["cpu_ms_per_task"], 3),
+        "renq_100_per_post_vs_single_cpu": round(batched / single, 3) if batched else None,
+    }
+    print(
+        f"CPU ms/job: renq single {single:.2f}, 100/POST {batched}, plain Celery "
+        f"{plain['cpu_ms_per_task']:.2f} ({results['renq_single_vs_plain_cpu']}x)",
+        flush=True,
+    )
+    return results
+
+
+def run(*, quick: bool) -> dict:
+    return {"overhead": overhead(quick=quick), "cpu": cpu_against_plain_celery(quick=quick)}
+
+
+def report_lines(r: dict) -> list[str]:
+    """The README section: overhead, the idle trace, CPU against plain Celery."""
+    o, c = r["overhead"], r["cpu"]
+    raw = o["raw_forward"]
+    lines = [
+        "## The realtime fast path (issue 29)",
+        "",
+        f"Idle, one short text, realtime, {o['requests']} sequential requests on a keep-alive "
+        f"connection; the raw forward pass of the same texts in this process: p50 "
+        f"{raw['p50_ms']} ms, p99 {raw['p99_ms']} ms.",
+        "",
+        "| request | client p50 | client p99 | overhead p50 | overhead p99 | target |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for label, key in (
+        ("POST /v1/embeddings", "v1_embeddings"),
+        ("POST /api/v1/jobs?wait=", "rest_post_wait"),
+    ):
+        client, over = o[f"{key}_client_ms"], o[f"{key}_overhead"]
+        lines.append(
+            f"| {label} | {client['p50_ms']} | {client['p99_ms']} | {over['p50_ms']} | "
+            f"{over['p99_ms']} | ≤ 5 / ≤ 15 ms |"
+        )
+    trace = o["trace_with_tracing_on"]
+    lines += [
+        "",
+        f"The idle trace ({trace['requests']} /v1 requests, tracing on: every stage pays for "
+        "its spans too):",
+        "",
+        "| stage | p50 ms | p99 ms |",
+        "|---|---:|---:|",
+    ]
+    lines += [f"| {s} | {v['p50_ms']} | {v['p99_ms']} |" for s, v in trace["stages"].items()]
+    single, plain = c["renq_single_job_posts"], c["plain_celery_noop"]
+    lines += [
+        "",
+        "CPU per no-op job, side by side (one worker process each):",
+        "",
+        "| | jobs/s | CPU ms/job | by process |",
+        "|---|---:|---:|---|",
+        f"| renq, one job per POST | {single['completed_jobs_s']:.0f} | "
+        f"{single['cpu_ms_per_job']:.2f} | {single['cpu_ms_per_job_by_role']} |",
+    ]
+    if c.get("renq_100_per_post"):
+        batched = c["renq_100_per_post"]
+        lines.append(
+            f"| renq, 100 jobs per POST | {batched['completed_jobs_s']:.0f} | "
+            f"{batched['cpu_ms_per_job']:.2f} | {batched['cpu_ms_per_job_by_role']} |"
+        )
+    lines += [
+        f"| plain Celery: apply_async + no-op task + result in Redis | {plain['tasks_s']:.0f} | "
+        f"{plain['cpu_ms_per_task']:.2f} | {plain['cpu_ms_per_task_by_role']} |",
+        "",
+        f"renq single-job POST / plain Celery task: **{c['renq_single_vs_plain_cpu']}×** "
+        f"(target ≤ 1); 100 per POST / single: **{c['renq_100_per_post_vs_single_cpu']}×** "
+        "(target ≤ 0.25).",
+    ]
+    return lines
