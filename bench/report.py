@@ -387,6 +387,10 @@ def write_report(r: dict, out: Path) -> None:
         lines += _settings_section(r)
     if "padding" in r:
         lines += _padding_section(r["padding"])
+    if "llm" in r:
+        from bench.llm_serving import report_lines
+
+        lines += ["", *report_lines(r["llm"])]
     if "fast_path" in r:
         from bench.fast_path import report_lines
 

@@ -23,7 +23,10 @@ submit_profile.txt). Scenarios, in order:
   POST ?wait= over the raw forward pass, the idle trace stage by stage, CPU per no-op job
   against plain Celery (bench/fast_path.py);
 - result_bytes: bytes per embedding job stored, sent and answered, JSON floats vs float32
-  (bench/result_bytes.py; results.json only).
+  (bench/result_bytes.py; results.json only);
+- llm: LLM serving with continuous batching (issue 31): completion tokens/s of concurrent
+  /v1/completions vs the raw model's static generate(), realtime TTFT at idle and beside an
+  offline load, inter-token latency, rows in flight (bench/llm_serving.py; device auto).
 
 The bench has its own database (renq_bench), queue prefix (bench.) and Redis dbs (5, 6).
 
@@ -62,6 +65,7 @@ from bench import (  # noqa: E402
     bulk,
     fast_path,
     inprocess_pipeline,
+    llm_serving,
     noop_throughput,
     priority,
     result_bytes,
@@ -104,6 +108,7 @@ SCENARIOS = (
     "tenants",
     "fast_path",
     "result_bytes",
+    "llm",
 )
 # The Celery worker pools compared for the GPU worker (idle realtime latency, one process each).
 POOLS = ("prefork", "solo", "threads")
@@ -575,7 +580,7 @@ def main() -> int:
             "cpus": os.cpu_count(),
             "python": platform.python_version(),
             "torch": torch.__version__,
-            "device": "cpu",
+            "device": "cuda" if torch.cuda.is_available() else "cpu",
             "model_threads": MODEL_THREADS,
             "model_cpus": [] if args.unpinned else sorted(common.MODEL_CPUS),
             "stack_cpus": sorted(common.STACK_CPUS),
@@ -624,6 +629,8 @@ def main() -> int:
     if "result_bytes" in which:
         results["result_bytes"] = result_bytes.run(engine)
         print(result_bytes.report(results["result_bytes"]), flush=True)
+    if "llm" in which:
+        results["llm"] = llm_serving.run(quick=args.quick, out_dir=out_dir)
     results["machine"]["load_average_at_end"] = os.getloadavg()
     results["machine"]["bench_seconds"] = round(time.time() - started, 1)
     (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))

@@ -67,10 +67,16 @@ def load_engine(
 
 
 def clear_engine_cache() -> None:
-    """Forget loaded engines (tests; or to free memory before loading other models)."""
+    """Forget loaded engines (tests; or to free memory before loading other models); an
+    engine with a thread of its own (the LLM's continuous-batching loop) ends it."""
     with _loading_lock:
+        engines = list(_loaded_engines.values())
         _loaded_engines.clear()
         _engines_by_call.clear()
+    for engine in engines:
+        close = getattr(engine, "close", None)
+        if close is not None:
+            close()
 
 
 __all__ = [

@@ -12,12 +12,23 @@ payload with that state under RESUME continues it. The next pass feeds the promp
 plus the ids generated so far (never re-tokenized text) with the budget reduced by what was
 generated, so a greedy generation in chunks is the unchunked one; no KV cache is kept between
 passes, so each continuation runs prefill again over prompt + generated tokens.
+
+Where the model supports transformers' paged KV cache (checked with one prompt at load), the
+engine also runs a continuous-batching decode loop (`inference.engines.continuous`): the GPU
+worker feeds it jobs one at a time (`start_generation`) and stores each as it finishes
+(`generation_result`), with no passes and no re-prefill. run_batch (generate()) stays for
+models the paged cache does not support, and gives the same greedy output.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
-from collections.abc import Callable, Collection, Sequence
+import logging
+import os
+import queue
+import threading
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -30,7 +41,18 @@ from transformers import (
 )
 
 from inference.engines.base import Engine, pad_token_rows
+from inference.engines.continuous import (
+    PAGED_ATTENTION,
+    ContinuousGenerator,
+    Finished,
+    size_cache,
+)
 from inference.jobs.inputs import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
+
+logger = logging.getLogger(__name__)
+
+# "0" turns continuous batching off in this process: every model is served by generate().
+CONTINUOUS_BATCHING_ENV = "RENQ_CONTINUOUS_BATCHING"
 
 # In a result: the generation is unfinished, here is its state; in a payload: continue it.
 # The state: {"prompt_ids", "generated_ids", "streamed"} (the text already streamed).
@@ -51,8 +73,22 @@ class LlmEngine(Engine):
     max_batch_rows = 32
     # run_batch can stop a job after some decode steps and continue it later (RESUME).
     resumable = True
+    # Continuous batching, where the model supports it: rows decoded together per step, and
+    # the paged KV cache's tokens per forward pass (None: the context length, at least 256).
+    continuous_batching = True
+    continuous_rows = 32
+    continuous_batch_tokens: int | None = None
+    # On a GPU, the share of its free memory the paged KV cache may take at most.
+    continuous_cache_memory_share = 0.3
 
-    def __init__(self, model_ref: str, *, device: str | None = None, dtype: str | None = None):
+    def __init__(
+        self,
+        model_ref: str,
+        *,
+        device: str | None = None,
+        dtype: str | None = None,
+        continuous: bool | None = None,
+    ):
         super().__init__(model_ref, device=device, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(self.model_path, local_files_only=True)
         tokenizer.padding_side = "left"
@@ -74,6 +110,92 @@ class LlmEngine(Engine):
         # shift absolute positions, so fall back to batching prompts of identical length only.
         if "position_ids" not in inspect.signature(self.model.forward).parameters:
             self.max_padding_ratio = 0.0
+
+        # generate() and the paged decode loop share the model; the attention implementation
+        # is read from its config at each forward, so each switches it under this lock.
+        self._model_lock = threading.RLock()
+        self._attention = self.model.config._attn_implementation
+        self.continuous: ContinuousGenerator | None = None
+        if continuous is None:
+            continuous = self.continuous_batching and os.environ.get(CONTINUOUS_BATCHING_ENV) != "0"
+        if continuous:
+            self.continuous = self._start_continuous()
+
+    @property
+    def supports_continuous(self) -> bool:
+        return self.continuous is not None
+
+    def close(self) -> None:
+        """End the continuous-batching loop's thread (after what it is running)."""
+        if self.continuous is not None:
+            self.continuous.close()
+
+    @contextlib.contextmanager
+    def _attention_as(self, implementation: str) -> Iterator[None]:
+        with self._model_lock:
+            config = self.model.config
+            before = config._attn_implementation
+            config._attn_implementation = implementation
+            try:
+                yield
+            finally:
+                config._attn_implementation = before
+
+    def _paged_forward(self) -> contextlib.AbstractContextManager:
+        return self._attention_as(PAGED_ATTENTION)
+
+    def _start_continuous(self) -> ContinuousGenerator | None:
+        """The continuous-batching loop, if one greedy prompt through it gives generate()'s
+        tokens; None (generate() only) if the model's attention has no paged form or gives
+        other tokens with it."""
+        generator = None
+        probe = self._encode_prompt("The continuous batching check")
+        try:
+            generator = ContinuousGenerator(
+                self.model,
+                rows=self.continuous_rows,
+                cache=size_cache(
+                    rows=self.continuous_rows,
+                    context_length=self.context_length,
+                    max_batch_tokens=self.continuous_batch_tokens,
+                    max_tokens=self._cache_token_budget(),
+                ),
+                decode=self._decode,
+                forward_guard=self._paged_forward,
+            )
+            steps = min(4, self.context_length - len(probe))
+            generator.submit("renq-load-check", probe, steps)
+            finished = generator.results.get(timeout=120)
+            expected = self._generate([probe], steps, 0.0)[0]
+            if finished.error or finished.tokens != expected[: len(finished.tokens)]:
+                raise RuntimeError(
+                    f"paged attention gave {finished.tokens} (error {finished.error}), "
+                    f"generate() {expected}"
+                )
+        except Exception as exc:  # noqa: BLE001 - any failure means: generate() only
+            logger.info("%s: no continuous batching (%s); generate() serves it", self, exc)
+            if generator is not None:
+                generator.close()
+            return None
+        return generator
+
+    def _cache_token_budget(self) -> int | None:
+        """On CUDA, the KV cache tokens that fit continuous_cache_memory_share of the free
+        memory (the rest stays for activations and other models); None on a CPU."""
+        if not self.uses_cuda:
+            return None
+        config = self.model.config
+        layers = config.num_hidden_layers
+        kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // (
+            config.num_attention_heads
+        )
+        per_token = 2 * layers * kv_heads * head_dim * torch.finfo(self.dtype).bits // 8
+        free, _ = torch.cuda.mem_get_info(torch.device(self.device))
+        return int(free * self.continuous_cache_memory_share // per_token)
+
+    def _decode(self, tokens: Sequence[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def auto_dtype(self) -> torch.dtype:
         # bf16's range keeps long generations from overflowing where fp16 might.
@@ -147,6 +269,15 @@ class LlmEngine(Engine):
         `max_steps[j]` (None: no bound) stops job j after at most that many decode steps if
         it has not finished by then; its result is then `{RESUME: state}`, to continue in a
         later pass with `{**payload, RESUME: state}`."""
+        with self._model_lock:
+            return self._run_batch(payloads, on_text, max_steps)
+
+    def _run_batch(
+        self,
+        payloads: list[dict],
+        on_text: Callable[[int, str], None] | None,
+        max_steps: Sequence[int | None] | None,
+    ) -> list[dict]:
         bounds = list(max_steps) if max_steps is not None else [None] * len(payloads)
         results = self._one_pass(payloads, on_text, bounds)
         # generate() stops where a bucket's widest row reaches the context length, which may
@@ -288,6 +419,53 @@ class LlmEngine(Engine):
             }
         return self._completion_result(generated, budget, len(prompt))
 
+    def start_generation(
+        self,
+        request_id: str,
+        payload: dict,
+        *,
+        priority: tuple = (),
+        preempts: bool = False,
+        on_text: Callable[[str], None] | None = None,
+        results: queue.Queue | None = None,
+    ) -> dict | None:
+        """Hand one job to the continuous-batching loop (any thread); its result comes on
+        `results` (default `self.continuous.results`) as a Finished, for generation_result.
+        `on_text(new_text)` is called on the loop's thread as text is generated. Returns the
+        result at once when there is nothing to generate (no room left in the context)."""
+        prompt = self._encode_prompt(payload["prompt"])
+        budget = self._new_token_budget(len(prompt), payload)
+        if budget == 0:
+            return self._completion_result([], 0, len(prompt))
+        stop = payload.get("stop") or ()
+        self.continuous.submit(
+            request_id,
+            prompt,
+            budget,
+            temperature=float(payload.get("temperature", DEFAULT_TEMPERATURE)),
+            eos_ids=self.eos_token_ids,
+            stop=[stop] if isinstance(stop, str) else list(stop),
+            priority=priority,
+            preempts=preempts,
+            on_token=None if on_text is None else StreamedTokens(self, on_text),
+            results=results,
+        )
+        return None
+
+    def generation_result(self, finished: Finished) -> dict:
+        """A finished continuous generation as run_batch returns it: {"text", "usage",
+        "finish_reason"}. Raises for a request that failed."""
+        if finished.error is not None:
+            raise RuntimeError(finished.error)
+        result = self._completion_result(
+            finished.tokens, finished.max_new_tokens, finished.prompt_tokens
+        )
+        if finished.stop_text is not None:
+            # Text up to the stop string, as OpenAI returns it; its tokens were generated.
+            result["text"] = result["text"].split(finished.stop_text, 1)[0]
+            result["finish_reason"] = "stop"
+        return result
+
     def _completion_result(self, new_tokens: list[int], budget: int, prompt_tokens: int) -> dict:
         kept, completion_tokens, finish_reason = trim_completion(
             new_tokens, limit=budget, eos_token_ids=self.eos_token_ids
@@ -367,3 +545,23 @@ class StreamedText(StoppingCriteria):
                 self.on_text(job.job_index, text[len(job.sent) :])
                 job.sent = text
         return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+class StreamedTokens:
+    """on_token for one continuous generation: hands on the text its tokens added since the
+    last call (decoded whole, up to an EOS; only whole characters)."""
+
+    def __init__(self, engine: LlmEngine, on_text: Callable[[str], None]):
+        self._decode = engine._decode
+        self._eos = set(engine.eos_token_ids)
+        self._on_text = on_text
+        self.sent = ""
+
+    def __call__(self, request_id: str, tokens: list[int]) -> None:
+        ended = next((i for i, token in enumerate(tokens) if token in self._eos), None)
+        text = self._decode(tokens[:ended])
+        if text.endswith("\ufffd"):
+            return
+        if len(text) > len(self.sent) and text.startswith(self.sent):
+            self._on_text(text[len(self.sent) :])
+            self.sent = text

@@ -26,6 +26,8 @@ One module per role:
 
 - `runner`: BatchRunner, the task's entry: claims the seed, loads the engine, runs the loop;
 - `loop`: DrainLoop, what runs next (realtime first, chunked generations carried on);
+- `generation_loop`: GenerationLoop, for an LLM engine with continuous batching: jobs fed
+  one by one into its decode loop and stored as each finishes (no passes, no chunks);
 - `former`: BatchFormer, the batch window's contents, each job sized for the cost model;
 - `intake`: pulling messages from the tier queues and claiming their jobs;
 - `line`: the claimed jobs waiting to run, and whose tier's turn comes next;

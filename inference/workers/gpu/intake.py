@@ -95,15 +95,20 @@ class Intake:
         self.reader = None
 
     def pull(
-        self, window: BatchWindow, *, realtime: bool, polls: WindowPolls | None = None
+        self,
+        window: BatchWindow | None,
+        *,
+        realtime: bool,
+        polls: WindowPolls | None = None,
+        room: int | None = None,
     ) -> list[PulledMessage]:
-        """As many waiting messages as the window is likely to take, to claim together: one
-        claim per batch instead of one per message (each is a Postgres round trip between
-        forward passes). Realtime first; below it, only the queues of tiers whose turn comes
-        before claimed jobs waiting here. Stops at a realtime message, which changes what
-        the window takes."""
+        """As many waiting messages as the window is likely to take (or, without a window,
+        up to `room` jobs), to claim together: one claim per batch instead of one per
+        message (each is a Postgres round trip between forward passes). Realtime first;
+        below it, only the queues of tiers whose turn comes before claimed jobs waiting here.
+        Stops at a realtime message, which changes what the window takes."""
         pulled: list[PulledMessage] = []
-        room = max(1, window.likely_room())
+        room = max(1, window.likely_room() if window is not None else room or 1)
         jobs = 0
         # Queues found empty in this pull are not asked again until the next one (each ask is
         # a round trip). Realtime work arriving meanwhile is found before the batch starts

@@ -9,6 +9,7 @@ from inference.engines import load_engine
 from inference.jobs.tiers import Tier
 from inference.models import Job
 from inference.workers import worker_identity
+from inference.workers.gpu.generation_loop import GenerationLoop
 from inference.workers.gpu.held import Held
 from inference.workers.gpu.intake import note_claim
 from inference.workers.gpu.loop import DrainLoop
@@ -61,15 +62,22 @@ class BatchRunner:
                     raise
             report.failed += len(seed_claim.jobs)
             return report.as_dict()
-        loop = DrainLoop(
-            service,
-            engine,
-            self._readers.get(service.name),
-            readers=self._readers,
-            model_thread=self._model_thread,
-            worker=worker,
-            report=report,
-        )
+        reader = self._readers.get(service.name) if self._readers is not None else None
+        if getattr(engine, "supports_continuous", False):
+            # An LLM with continuous batching: jobs join its decode loop as they arrive.
+            loop = GenerationLoop(
+                service, engine, reader, readers=self._readers, worker=worker, report=report
+            )
+        else:
+            loop = DrainLoop(
+                service,
+                engine,
+                reader,
+                readers=self._readers,
+                model_thread=self._model_thread,
+                worker=worker,
+                report=report,
+            )
         for job in seed_claim.jobs:
             loop.hold(
                 Held(job, seed_claim, trace=seed_trace), Tier(seed_tier) if seed_tier else None

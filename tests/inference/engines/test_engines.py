@@ -254,7 +254,7 @@ def test_reranker_count_tokens_matches_tokenizer(reranker):
     assert reranker.count_tokens(job) == expected
 
 
-# --- llm (tiny random GPT-2) ------------------------------------------------------------------
+# --- llm (tiny random Llama) -----------------------------------------------------------------
 
 
 LLM_JOBS = [
@@ -266,13 +266,15 @@ LLM_JOBS = [
 
 
 def test_tiny_llm_is_position_sensitive(llm):
-    # Guards the left-padding test below: with learned absolute positions, shifted position
-    # ids change the logits a lot, so a batch that got positions wrong could not match.
+    # Guards the left-padding test below: rotary positions are relative, so a gap in the
+    # position ids (what padding counted as tokens would make) changes the logits a lot, and
+    # a batch that got positions wrong could not match.
     ids = torch.tensor([llm.tokenizer("a b c d e f g")["input_ids"]])
     positions = torch.arange(ids.shape[1]).unsqueeze(0)
+    gapped = positions + (positions >= 3) * 5
     with torch.inference_mode():
         right = llm.model(input_ids=ids, position_ids=positions).logits
-        shifted = llm.model(input_ids=ids, position_ids=positions + 5).logits
+        shifted = llm.model(input_ids=ids, position_ids=gapped).logits
     assert (right - shifted).abs().max().item() > 0.1
 
 

@@ -1,6 +1,7 @@
 """Chunked decoding: a low-tier LLM generation longer than the preemption budget runs in
 passes of bounded decode steps, so realtime work runs between them, and its result is the
-one it would have had in one pass."""
+one it would have had in one pass. This is the generate() path, for models without
+continuous batching (the worker here runs with it off)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,16 @@ import time
 import pytest
 
 from inference.delivery.streaming import text_log
+from inference.dispatch.queues import service_queues
 from inference.engines import load_engine
+from inference.engines.llm import CONTINUOUS_BATCHING_ENV
 from inference.intake.submission import submit_job
 from inference.models import Job, JobStatus
 from inference.scheduling.cost_model import BatchCostModel
 from inference.workers.gpu import loop
 from inference.workers.gpu.runner import BatchRunner
 from renq_site.shared_redis import shared_redis
-from tests.conftest import wait_for_job
+from tests.conftest import WorkerProcess, purge_test_queues, wait_for_job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -34,18 +37,40 @@ def as_if_measured(service_name: str, per_token_s: float = 1e-3) -> None:
     model.observe_batch(0.005 + per_token_s * 250, 250)
 
 
+CHUNKED_SERVICE = "llm-chunked"
+
+
+@pytest.fixture(scope="module")
+def generate_only_worker(django_db_setup, django_db_blocker):
+    """A worker of its own service whose LLM engine serves by generate() (chunked passes)."""
+    purge_test_queues(service_queues(CHUNKED_SERVICE))
+    worker = WorkerProcess(
+        services=(CHUNKED_SERVICE,), name="generate-only", env={CONTINUOUS_BATCHING_ENV: "0"}
+    )
+    yield worker
+    worker.stop()
+    purge_test_queues(service_queues(CHUNKED_SERVICE))
+
+
 def test_a_realtime_generation_runs_between_the_chunks_of_a_long_low_tier_one(
-    celery_worker_process, make_tenant, make_service
+    generate_only_worker, make_tenant, make_service
 ):
-    make_service("llm", batch_size=4, batch_timeout=0.01, preemption_budget_s=0.1)
+    make_service(
+        "llm", name=CHUNKED_SERVICE, batch_size=4, batch_timeout=0.01, preemption_budget_s=0.1
+    )
     tenant, _ = make_tenant()
     # The worker loads the model on its first llm job: done before the scenario.
-    warm = submit_job(tenant=tenant, service_name="llm", payload={"prompt": "hi", "max_tokens": 1})
+    warm = submit_job(
+        tenant=tenant, service_name=CHUNKED_SERVICE, payload={"prompt": "hi", "max_tokens": 1}
+    )
     assert wait_for_job(warm.pk, timeout_s=60).status == JobStatus.SUCCEEDED
-    as_if_measured("llm")
+    as_if_measured(CHUNKED_SERVICE)
 
     low = submit_job(
-        tenant=tenant, service_name="llm", payload={**LONG, "stream": True}, priority="offline"
+        tenant=tenant,
+        service_name=CHUNKED_SERVICE,
+        payload={**LONG, "stream": True},
+        priority="offline",
     )
     deadline = time.time() + 30
     while (status := Job.objects.get(pk=low.pk).status) == JobStatus.QUEUED:
@@ -53,7 +78,9 @@ def test_a_realtime_generation_runs_between_the_chunks_of_a_long_low_tier_one(
         time.sleep(0.005)
     assert status == JobStatus.RUNNING  # its generation has begun
     # The same prompt, realtime: not chunked, so it is the one-pass result.
-    realtime = submit_job(tenant=tenant, service_name="llm", payload=LONG, priority="realtime")
+    realtime = submit_job(
+        tenant=tenant, service_name=CHUNKED_SERVICE, payload=LONG, priority="realtime"
+    )
 
     realtime = wait_for_job(realtime.pk, timeout_s=60)
     low = wait_for_job(low.pk, timeout_s=60)
@@ -84,7 +111,7 @@ class NoBroker:
 
 
 def test_the_drain_finishes_a_chunked_generation_once_pulling_has_stopped(
-    make_tenant, make_service, monkeypatch
+    make_tenant, make_service, monkeypatch, generate_only
 ):
     monkeypatch.setattr(loop, "DRAIN_LIMIT_S", 0.0)
     service = make_service("llm", name="llm-drain", preemption_budget_s=0.05)

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
 
 def test_a_chunked_offline_generation_waits_its_turn_between_api_jobs(
-    make_tenant, make_service, monkeypatch
+    make_tenant, make_service, monkeypatch, generate_only
 ):
     from inference.dispatch.publishing import publish
     from inference.dispatch.queues import service_queues

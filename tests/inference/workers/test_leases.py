@@ -75,9 +75,7 @@ def test_a_renewed_lease_is_not_taken_over(make_tenant, make_service):
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
 
 
-def test_a_job_lost_too_often_fails_instead_of_running_again(
-    make_tenant, make_service, settings
-):
+def test_a_job_lost_too_often_fails_instead_of_running_again(make_tenant, make_service, settings):
     tenant, _ = make_tenant()
     service = make_service("noop", name="lease-poison")
     job = _queued(tenant, service)[0]
@@ -92,7 +90,7 @@ def test_a_job_lost_too_often_fails_instead_of_running_again(
 
 @pytest.mark.worker
 def test_a_generation_longer_than_its_lease_is_never_taken_over_while_alive(
-    make_tenant, make_service, settings, monkeypatch
+    make_tenant, make_service, settings, monkeypatch, generate_only
 ):
     settings.RENQ_LEASE_S = 1.0
     service = make_service("llm", name="llm-lease", preemption_budget_s=0.05)
