@@ -170,7 +170,15 @@ class JobListCreateView(generics.ListAPIView):
         fields = job_fields(request.data)
         if wait_s is not None:
             return self._post_and_wait(request, fields, context["encoding_format"], wait_s)
-        job = submit_job(
+        job = self._submit_one(request, fields)
+        replayed = getattr(job, "replayed", False)
+        return Response(
+            accepted_job_body(job, context["encoding_format"]),
+            status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED,
+        )
+
+    def _submit_one(self, request, fields: dict, job_id: uuid.UUID | None = None) -> Job:
+        return submit_job(
             tenant=request.user,
             service_name=fields.get("service"),
             payload=fields["input"],
@@ -178,11 +186,7 @@ class JobListCreateView(generics.ListAPIView):
             deadline_ms=fields.get("deadline_ms"),
             idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER, ""),
             actor=requested_actor(request),
-        )
-        replayed = getattr(job, "replayed", False)
-        return Response(
-            accepted_job_body(job, context["encoding_format"]),
-            status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED,
+            job_id=job_id,
         )
 
     def _post_and_wait(self, request, fields: dict, encoding_format: str, wait_s: float):
@@ -194,16 +198,7 @@ class JobListCreateView(generics.ListAPIView):
         job_id = uuid.uuid4()
         subscription = async_to_sync(subscribe)(job_id) if on_event_loop else None
         try:
-            job = submit_job(
-                tenant=request.user,
-                service_name=fields.get("service"),
-                payload=fields["input"],
-                priority=fields.get("priority"),
-                deadline_ms=fields.get("deadline_ms"),
-                idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER, ""),
-                actor=requested_actor(request),
-                job_id=job_id,
-            )
+            job = self._submit_one(request, fields, job_id)
         except BaseException:
             if subscription is not None:
                 async_to_sync(subscription.close)()

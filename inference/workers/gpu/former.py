@@ -113,7 +113,10 @@ class BatchFormer:
             pulled = self._intake.pull(window, realtime=realtime, polls=polls) if may_pull else []
             if pulled:
                 polls.supplied.update(pm.tier for pm in pulled)
-                self.admit(pulled, window)
+                if not self.admit(pulled, window) and window.items and window.should_close():
+                    # Only jobs that ended at their claim (expired, cancelled, duplicates):
+                    # a queue full of them must not keep a due batch from running.
+                    return
                 continue
             if not realtime and self._line.tiers_waiting:
                 # Nothing queued in the tiers ahead of it: the first tier in the share's
@@ -126,10 +129,11 @@ class BatchFormer:
             polls.before_waiting()
             time.sleep(min(POLL_INTERVAL_S, window.remaining_s()))
 
-    def admit(self, pulled: list[PulledMessage], window: BatchWindow) -> None:
+    def admit(self, pulled: list[PulledMessage], window: BatchWindow) -> int:
         """Claim the pulled messages' jobs and offer them to the window. What does not fit
         waits here, claimed: a realtime job at the front of the line, where realtime_first
-        finds it; the others for their tier's turn, which is charged when they run, not now."""
+        finds it; the others for their tier's turn, which is charged when they run, not now.
+        Returns how many jobs were claimed to run."""
         claimed = self._intake.claim(pulled)
         realtime_left: list[Held] = []
         # Sized once, all in one tokenizer call: every ms here is GIL time taken from the
@@ -144,6 +148,7 @@ class BatchFormer:
                     self._line.share.corrected(tier, -1)
                     self.hold(held, tier)
         self._line.put_first(realtime_left)
+        return len(claimed)
 
     def new_window(self) -> BatchWindow:
         if _settings_watcher.changed():

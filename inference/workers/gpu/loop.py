@@ -49,9 +49,9 @@ DRAIN_LIMIT_S = 20.0
 # arriving meanwhile is taken in priority order (tier, then plan, then tenant) and a quiet
 # tenant's job that arrives during a pass runs in the next one, not the one after; early
 # enough that pulling, claiming and tokenizing it are done when the pass ends. So: before the
-# pass's predicted end by what forming took (times FORM_MARGIN) plus how much sooner than
-# predicted passes have ended, at least FORM_AHEAD_S; halfway through until a pass of the
-# task was measured. An early form that found nothing is repeated when the pass ends, so
+# pass's expected end (its prediction, less how much sooner than predicted passes have ended)
+# by what forming took times FORM_MARGIN, at least FORM_AHEAD_S; halfway through until a
+# pass of the task was measured. An early form that found nothing is repeated when the pass ends, so
 # nothing arriving meanwhile waits for a new task.
 FORM_AHEAD_S = 0.05
 FORM_MARGIN = 2.0
@@ -159,8 +159,8 @@ class DrainLoop:
         if self._early_s is None:
             form_after_s = min(predicted_s / 2, predicted_s - FORM_AHEAD_S)
         else:
-            ahead_s = max(FORM_AHEAD_S, FORM_MARGIN * self._form_s + self._early_s)
-            form_after_s = predicted_s - ahead_s
+            expected_s = predicted_s - self._early_s
+            form_after_s = expected_s - max(FORM_AHEAD_S, FORM_MARGIN * self._form_s)
         due_in_s = self._started_at + form_after_s - time.monotonic()
         if due_in_s > 0:
             wait_futures([future], timeout=due_in_s)

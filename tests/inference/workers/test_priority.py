@@ -183,6 +183,8 @@ def test_a_promotion_run_overlapping_another_one_moves_nothing_twice(make_tenant
             cursor.execute("SELECT pg_advisory_lock(%s)", [sweeper._PROMOTION_LOCK_KEY])
         assert promote_waiting_jobs() == -1
         assert Job.objects.get(service=service).serving_tier == ""
+        with other.cursor() as cursor:  # that run ends (closing alone frees it a little later)
+            cursor.execute("SELECT pg_advisory_unlock(%s)", [sweeper._PROMOTION_LOCK_KEY])
     finally:
         other.close()
     assert promote_waiting_jobs() == 1
@@ -227,6 +229,25 @@ def test_the_loop_claims_5_3_2_with_expired_p1_jobs_and_p3_in_eight_job_messages
     assert claimed["offline"] / total == pytest.approx(0.2, abs=0.05), claimed
 
 
+def _in_process_loop(service, readers):
+    """The worker's loop in this process, on the real broker and database."""
+    from inference.engines import load_engine
+    from inference.workers import worker_identity
+    from inference.workers.gpu.loop import DrainLoop
+    from inference.workers.gpu.model_thread import ModelThread
+    from inference.workers.gpu.report import BatchReport
+
+    return DrainLoop(
+        service,
+        load_engine("noop", service.model_ref, device="cpu"),
+        readers.get(service.name),
+        readers=readers,
+        model_thread=ModelThread(),
+        worker=worker_identity(),
+        report=BatchReport(),
+    )
+
+
 def test_a_realtime_job_claimed_into_a_window_it_does_not_fit_runs_in_the_next_pass(
     make_tenant, make_service
 ):
@@ -235,13 +256,9 @@ def test_a_realtime_job_claimed_into_a_window_it_does_not_fit_runs_in_the_next_p
     # offline jobs already claimed and waiting in the loop's line.
     from inference.dispatch.publishing import publish
     from inference.dispatch.queues import service_queues
-    from inference.engines import load_engine
     from inference.jobs.tiers import Tier
     from inference.workers import worker_identity
     from inference.workers.gpu.held import Held
-    from inference.workers.gpu.loop import DrainLoop
-    from inference.workers.gpu.model_thread import ModelThread
-    from inference.workers.gpu.report import BatchReport
     from tests.conftest import in_process_readers, purge_test_queues
 
     # A 1 ms budget: any job fills a pass (the first job of a window is always taken).
@@ -258,17 +275,8 @@ def test_a_realtime_job_claimed_into_a_window_it_does_not_fit_runs_in_the_next_p
 
     offline = [job("offline") for _ in range(3)]
     with in_process_readers("rt-held") as readers:
-        worker = worker_identity()
-        loop = DrainLoop(
-            service,
-            load_engine("noop", service.model_ref, device="cpu"),
-            readers.get("rt-held"),
-            readers=readers,
-            model_thread=ModelThread(),
-            worker=worker,
-            report=BatchReport(),
-        )
-        claim = Job.objects.claim([str(j.pk) for j in offline], worker=worker)
+        loop = _in_process_loop(service, readers)
+        claim = Job.objects.claim([str(j.pk) for j in offline], worker=worker_identity())
         loop.line.front.extend(Held(j, claim) for j in claim.jobs)
         upcoming = loop.former.form()  # the first offline job: the window has no room left
         assert [h.job.pk for h in upcoming] == [offline[0].pk]
@@ -380,3 +388,48 @@ def test_a_run_still_publishing_does_not_hold_back_the_next_runs_moves(
     assert set(Job.objects.filter(service=service).values_list("serving_tier", flat=True)) == {
         "batch"
     }
+
+
+def test_a_queue_of_jobs_past_their_deadline_does_not_hold_a_due_batch(
+    make_tenant, make_service
+):
+    # A free tenant's realtime flood (served as api) leaves thousands of messages whose jobs
+    # expire when claimed. A pro api job already in the window must run once its window is
+    # due, not after the loop has claimed (and expired) the whole dead backlog.
+    from datetime import timedelta
+
+    from inference.dispatch.publishing import publish
+    from inference.dispatch.queues import service_queues
+    from inference.jobs.tiers import Tier
+    from inference.workers import worker_identity
+    from inference.workers.gpu.held import Held
+    from tests.conftest import in_process_readers, purge_test_queues
+
+    service = make_service(
+        "noop", name="dead-backlog", batch_size=8, batch_timeout=0.005, queue_timeout=0.5
+    )
+    purge_test_queues(service_queues("dead-backlog"))
+    tenant, _ = make_tenant()
+
+    def job(**fields) -> Job:
+        return Job.objects.create(
+            tenant=tenant, service=service, tier="api", input={"texts": ["x"]}, **fields
+        )
+
+    long_ago = timezone.now() - timedelta(seconds=10)
+    dead = [job(created_at=long_ago) for _ in range(120)]
+    for each in dead:
+        publish(each)
+    due = job(created_at=timezone.now() - timedelta(seconds=0.1))
+    with in_process_readers("dead-backlog") as readers:
+        loop = _in_process_loop(service, readers)
+        claim = Job.objects.claim([str(due.pk)], worker=worker_identity())
+        loop.former.hold(Held(claim.jobs[0], claim), Tier.API)
+
+        batch = loop.former.form()
+
+        assert [h.job.pk for h in batch] == [due.pk]
+        left = ready_message_counts([tier_queue("dead-backlog", "api")])
+        assert left[tier_queue("dead-backlog", "api")] > 100, left
+        loop.ledger.ack(loop.ledger.unsettled())
+    purge_test_queues(service_queues("dead-backlog"))
