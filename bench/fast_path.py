@@ -21,6 +21,7 @@ import resource
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from datetime import datetime
@@ -32,11 +33,13 @@ from bench.common import (
     DB_NAME,
     MODEL_REF,
     MODEL_THREADS,
+    JsonPoster,
     bench_tenant,
     embedding_service,
     pct,
     purge_queues,
     run_nonce,
+    wait_finished,
 )
 from bench.cpu import CpuMeter
 
@@ -206,6 +209,114 @@ def overhead(*, quick: bool) -> dict:
     return results
 
 
+def raw_batched_texts_s(texts: list[str], batch: int = 32) -> float:
+    """The raw model's own throughput in batches, in this process (same threads)."""
+    from inference.engines import load_engine
+
+    engine = load_engine("embedding", MODEL_REF)
+    engine.run_batch([{"texts": texts[:batch]}])  # warm-up
+    started = time.perf_counter()
+    for i in range(0, len(texts), batch):
+        engine.run_batch([{"texts": texts[i : i + batch]}])
+    return len(texts) / (time.perf_counter() - started)
+
+
+def _closed_loop(clients: int, seconds: float, send) -> tuple[int, int, list[float]]:
+    """`clients` threads calling `send(i)` (True: answered well) for `seconds`: (answered,
+    errors, latencies in ms)."""
+    lock = threading.Lock()
+    answered, errors, latencies = [0], [0], []
+    deadline = time.time() + seconds
+
+    def client(k: int) -> None:
+        i = 0
+        while time.time() < deadline:
+            started = time.perf_counter()
+            ok = send(k * 10**6 + i)
+            elapsed = (time.perf_counter() - started) * 1000
+            i += 1
+            with lock:
+                latencies.append(elapsed)
+                if ok:
+                    answered[0] += 1
+                else:
+                    errors[0] += 1
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answered[0], errors[0], latencies
+
+
+def under_load(*, quick: bool) -> dict:
+    """Single-text jobs at 2 shared cores (unpinned, as the README runs it): 8 REST clients
+    submitting single jobs, completed jobs/s against the raw model batched; then 16 keep-alive
+    clients on /v1/embeddings, answers/s and p99 against the service's total_timeout."""
+    import requests
+    from processes import ProcessGroup, free_port
+
+    from inference.dispatch.queues import service_queues
+    from inference.models import Job
+
+    service = embedding_service(SERVICE)
+    _, key = bench_tenant()
+    purge_queues(service_queues(SERVICE))
+    nonce = run_nonce()
+    seconds = 5.0 if quick else 15.0
+    raw = raw_batched_texts_s([f"raw {nonce} {i}" for i in range(640)])
+    results: dict = {"seconds": seconds, "raw_batched_texts_s": round(raw, 1)}
+    with ProcessGroup() as procs:
+        url = procs.web(free_port(), workers=2)
+        procs.worker("bench-fast-path", service_queues(SERVICE), threads=MODEL_THREADS)
+        poster = JsonPoster(url, key)
+        poster.post("/api/v1/jobs", {"service": SERVICE, "input": {"texts": ["warm"]}})
+        jobs = Job.objects.filter(service=service)
+        before = jobs.count()
+        started = time.time()
+
+        def rest(i: int) -> bool:
+            body = {"service": SERVICE, "input": {"texts": [f"rest {nonce} {i}"]}}
+            return poster.post("/api/v1/jobs", body)[0] == 202
+
+        submitted, refused, _ = _closed_loop(8, seconds, rest)
+        wait_finished(jobs, before + 1 + submitted, timeout_s=300)
+        finished = jobs.filter(finished_at__isnull=False).order_by("-finished_at").first()
+        span_s = finished.finished_at.timestamp() - started
+        rest_jobs_s = submitted / span_s
+        results["rest_8_clients"] = {
+            "jobs": submitted,
+            "refused": refused,
+            "completed_jobs_s": round(rest_jobs_s, 1),
+            "vs_raw_batched": round(rest_jobs_s / raw, 3),
+        }
+        sessions = threading.local()
+
+        def v1(i: int) -> bool:
+            session = getattr(sessions, "session", None)
+            if session is None:
+                session = sessions.session = requests.Session()
+                session.headers["Authorization"] = f"Bearer {key}"
+            answer = session.post(
+                f"{url}/v1/embeddings", json={"model": SERVICE, "input": f"v1 {nonce} {i}"}
+            )
+            return answer.status_code == 200
+
+        answered, errors, latencies = _closed_loop(16, seconds, v1)
+        results["v1_16_clients"] = {
+            "answered": answered,
+            "errors": errors,
+            "answers_s": round(answered / seconds, 1),
+            "p50_ms": round(pct(latencies, 50), 1),
+            "p99_ms": round(pct(latencies, 99), 1),
+            "total_timeout_ms": service.total_timeout * 1000,
+            "vs_rest_8_clients": round(answered / seconds / rest_jobs_s, 3),
+        }
+    print(f"under load: {results}", flush=True)
+    return results
+
+
 def _queue_depth(name: str) -> int:
     from renq_site.celery import app
 
@@ -279,7 +390,11 @@ def cpu_against_plain_celery(*, quick: bool) -> dict:
 
 
 def run(*, quick: bool) -> dict:
-    return {"overhead": overhead(quick=quick), "cpu": cpu_against_plain_celery(quick=quick)}
+    return {
+        "overhead": overhead(quick=quick),
+        "under_load": under_load(quick=quick),
+        "cpu": cpu_against_plain_celery(quick=quick),
+    }
 
 
 def report_lines(r: dict) -> list[str]:
@@ -315,6 +430,25 @@ def report_lines(r: dict) -> list[str]:
         "|---|---:|---:|",
     ]
     lines += [f"| {s} | {v['p50_ms']} | {v['p99_ms']} |" for s, v in trace["stages"].items()]
+    if "under_load" in r:
+        u = r["under_load"]
+        rest, v1 = u["rest_8_clients"], u["v1_16_clients"]
+        lines += [
+            "",
+            f"Under load, single-text jobs, 2 web processes and one worker on the shared cores "
+            f"(unpinned), {u['seconds']:.0f} s each; the raw model batched: "
+            f"{u['raw_batched_texts_s']} texts/s.",
+            "",
+            "| clients | done/s | vs raw batched | errors | p50 / p99 ms |",
+            "|---|---:|---:|---:|---|",
+            f"| 8 REST, single-job POSTs | {rest['completed_jobs_s']} | {rest['vs_raw_batched']} × "
+            f"(target ≥ 0.5) | {rest['refused']} | — |",
+            f"| 16 keep-alive /v1/embeddings | {v1['answers_s']} | "
+            f"{round(v1['answers_s'] / u['raw_batched_texts_s'], 3)} × | {v1['errors']} | "
+            f"{v1['p50_ms']} / {v1['p99_ms']} (total_timeout {v1['total_timeout_ms']:.0f}) |",
+            "",
+            f"16 /v1 clients against 8 REST clients: **{v1['vs_rest_8_clients']}×** (target ≥ 1).",
+        ]
     single, plain = c["renq_single_job_posts"], c["plain_celery_noop"]
     lines += [
         "",
