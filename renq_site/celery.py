@@ -39,6 +39,11 @@ app.conf.update(
     task_default_priority=0,
     task_default_queue=queues.control_queue(),
     worker_cancel_long_running_tasks_on_connection_loss=True,
+    # After a broker reconnect with tasks in flight, Celery cuts the prefetch count and
+    # restores it as those tasks' acks arrive; acks for the lost channel never do, and a
+    # control worker (4 threads) stopped taking tasks for good after a broker cut: no sweep,
+    # no lease takeover (celery#9512 is the quorum-queue form of it).
+    worker_enable_prefetch_count_reduction=False,
     # Hard limit far below RabbitMQ's consumer_timeout (30 min) so the channel is never closed
     # under a running batch (celery#6760).
     task_time_limit=300,
