@@ -144,36 +144,6 @@ def tag_messages(charges: Sequence[Charge], *, top: int) -> list[Tag] | None:
     return tags
 
 
-def place_messages(charges: Sequence[Charge], *, top: int) -> list[Tag] | None:
-    """Tags for messages whose work was charged when first published (jobs a worker handed
-    back, lost messages sent again): placed at their tenant's place now, S = max(V, F), with
-    nothing charged again. Their plan's static priority would put an enterprise tenant's
-    handed-back jobs at the top level, ahead of every other tenant's share. None when Redis
-    cannot be reached."""
-    if not charges:
-        return []
-    keys = []
-    for charge in charges:
-        keys += [
-            _clock_key(charge.queue),
-            f"{_PREFIX}{charge.queue}:f:{charge.tenant_id}",
-            f"{_PREFIX}{charge.queue}:mean",
-        ]
-    try:
-        values = shared_redis().mget(keys)
-    except redis.RedisError:
-        logger.warning("fair share: places unavailable; publishing at static priorities")
-        return None
-    tags = []
-    for i, charge in enumerate(charges):
-        clock, finish, mean = (float(value or 0) for value in values[3 * i : 3 * i + 3])
-        start = max(clock, finish)
-        per_job = mean or max(1.0, charge.tokens / max(1, charge.jobs))
-        quantum = min(charge.batch_tokens, charge.batch_jobs * per_job)
-        tags.append(Tag(start, band(start - clock, quantum, top)))
-    return tags
-
-
 def advance(taken: dict[str, float]) -> None:
     """A worker took messages with these start tags (queue → the largest): the queues'
     virtual time moves up to them. Never raises: a missed move only delays the clock."""

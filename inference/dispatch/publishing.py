@@ -262,12 +262,12 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool
     aging moves them, or their deadline expires them: never silently lost.
 
     `charged`: the jobs' tenants were charged in the fair share when they were first
-    published (a job handed back by a worker, a lost message sent again): they go at their
-    tenant's place in the share now, without a second charge."""
+    published (a job handed back by a worker, a lost message sent again): they go at the
+    plan's priority without a second charge."""
     jobs = list(jobs)
     sent: list = []
     messages = _messages(jobs)
-    tags = _fair_tags(messages, charge=not charged)
+    tags = [None] * len(messages) if charged else _fair_tags(messages)
     for (target, group), tag in zip(messages, tags, strict=True):
         if not _send(target, group, tag):
             break
@@ -313,12 +313,9 @@ def _messages(jobs: Sequence[Job]) -> list[tuple[Destination, list[Job]]]:
     return messages
 
 
-def _fair_tags(
-    messages: list[tuple[Destination, list[Job]]], *, charge: bool = True
-) -> list[fair_share.Tag | None]:
+def _fair_tags(messages: list[tuple[Destination, list[Job]]]) -> list[fair_share.Tag | None]:
     """The fair share's tag of each message bound for a tier queue, a service's or the cloud
-    calls' (None for all when Redis is away: they go at the plan's static priority).
-    Without `charge`, the messages are placed at their tenants' places, charged nothing."""
+    calls' (None for all when Redis is away: they go at the plan's static priority)."""
     if not messages:
         return []
     plans = _tenant_plans([group[0] for _, group in messages])
@@ -337,8 +334,7 @@ def _fair_tags(
                 batch_tokens=first.service.max_total_tokens,
             )
         )
-    tag = fair_share.tag_messages if charge else fair_share.place_messages
-    computed = tag(charges, top=queues.MAX_PRIORITY)
+    computed = fair_share.tag_messages(charges, top=queues.MAX_PRIORITY)
     return [None] * len(messages) if computed is None else list(computed)
 
 

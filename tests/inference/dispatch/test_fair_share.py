@@ -33,17 +33,3 @@ def test_tenants_with_small_and_large_jobs_sink_alike_for_the_same_work_ahead():
     assert next_small.priority == next_large.priority
     # And a tenant's first message is at the top, whatever its job size.
     assert small[0].priority == large[0].priority == 3
-
-
-def test_work_published_again_goes_at_its_tenant_s_place_and_is_not_charged_twice():
-    for key in shared_redis().scan_iter(f"renq:fair:{QUEUE}:*"):
-        shared_redis().delete(key)
-    # Tenant 1 has a backlog far ahead of the clock; tenant 2 has none.
-    fair_share.tag_messages([_charge(1, 40) for _ in range(40)], top=3)
-    again = [_charge(1, 40), _charge(2, 40)]
-
-    backlogged, idle = fair_share.place_messages(again, top=3)
-    assert backlogged.priority == 0  # behind its own backlog: no jump to the top level
-    assert idle.priority == 3
-    # Nothing was charged: placing again finds the same places.
-    assert fair_share.place_messages(again, top=3) == [backlogged, idle]
