@@ -45,14 +45,11 @@ logger = logging.getLogger(__name__)
 # One task keeps forming batches while work is waiting for at most this long (its seed message
 # stays unacked meanwhile): far below the 300 s task limit and RabbitMQ's consumer_timeout.
 DRAIN_LIMIT_S = 20.0
-# The next batch is formed as late in the running pass as forming allows: late, so that work
-# arriving meanwhile is taken in priority order (tier, then plan, then tenant) and a quiet
-# tenant's job that arrives during a pass runs in the next one, not the one after; early
-# enough that pulling, claiming and tokenizing it are done when the pass ends. So: before the
-# pass's expected end (its prediction, less how much sooner than predicted passes have ended)
-# by what forming took times FORM_MARGIN, at least FORM_AHEAD_S; halfway through until a
-# pass of the task was measured. An early form that found nothing is repeated when the pass ends, so
-# nothing arriving meanwhile waits for a new task.
+# The next batch is formed as late in the running pass as forming allows: work arriving
+# meanwhile is then taken in priority order (tier, plan, tenant) and runs in the next pass, not
+# the one after. It starts FORM_MARGIN x the measured forming time (at least FORM_AHEAD_S)
+# before the pass's expected end, halfway through until a pass was measured. A form that
+# found nothing is repeated when the pass ends, so nothing arriving meanwhile waits for a task.
 FORM_AHEAD_S = 0.05
 FORM_MARGIN = 2.0
 # One read of the service's cost model serves the loop this long (its own batches refresh it).
