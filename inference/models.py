@@ -241,6 +241,12 @@ class Job(models.Model):
             "the commit it is published after (cleared if that publish fails)."
         ),
     )
+    held_start = models.FloatField(
+        null=True, blank=True, editable=False, help_text=(
+            "Held back from its tier queue until its turn in the tenant fair share comes "
+            "near: its start tag there (no message is out while this is set)."
+        ),
+    )
     claimed_at = models.DateTimeField(
         null=True, blank=True, help_text="When a worker claimed the job (its batch opened)."
     )
@@ -343,6 +349,12 @@ class Job(models.Model):
                 fields=["tier", "serving_tier", "created_at"],
                 condition=models.Q(status="queued"),
                 name="inference_job_queued_by_age",
+            ),
+            # A tier queue's held-back jobs, read in fair-share order when their turn nears.
+            models.Index(
+                fields=["service", "held_start"],
+                condition=models.Q(status="queued", held_start__isnull=False),
+                name="inference_job_held_back",
             ),
         ]
         constraints = [

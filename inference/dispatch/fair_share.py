@@ -1,23 +1,28 @@
 """Fair queuing between the tenants of one tier queue: start-time fair queuing (SFQ; Goyal,
-Vin and Cheng, 1996) mapped onto RabbitMQ's message priorities, its tags kept in Redis so
-every publisher and worker of a queue shares one virtual clock.
+Vin and Cheng, 1996) over RabbitMQ's queues, its tags kept in Redis so every publisher and
+worker of a queue shares one virtual clock.
 
 A message's start tag is S = max(V, F), V being the queue's virtual time (the largest start
 tag a worker has taken from it) and F the tenant's finish tag; F then moves to
 S + cost / weight, the cost being the message's estimated tokens and the weight the tenant's
-plan weight. RabbitMQ serves a priority queue highest level first and in arrival order within
-a level, so the message's priority is its band: how far S lies ahead of V, in quanta of one
-batch's work (under one quantum: the top level; then bands that double; the rest at the
-bottom). The quantum is the queue's, the same for every tenant (a batch of the queue's mean
-job, kept beside the clock), so that the bands order every tenant's messages by S alike: a
-quantum sized by each tenant's own jobs sank the tenants with small jobs first. A tenant
-without a backlog starts at V and lands on the top level behind at most about one quantum of
-each other tenant's work, while a flood's later messages sink.
-A lower level is served whenever nothing waits above it, so the share is work-conserving: a
-lone tenant gets the whole worker.
+plan weight. The quantum is the queue's, the same for every tenant: a batch of the queue's
+mean job, kept beside the clock (one sized by each tenant's own jobs favoured large jobs).
 
+RabbitMQ serves a priority queue highest level first and in arrival order within a level, and
+a message's level is fixed once it is out. So a submission to a worker tier queue below
+realtime whose start lies a quantum or more beyond V is held back: its jobs wait in Postgres
+with their start tag, and workers release the held start tags one quantum at a time as V
+nears them (publishing.release_held), one level under the top, with the submissions that start
+within a quantum of V. What RabbitMQ holds there lies within about a quantum of start tags,
+where arrival order is close to start-tag order. A tenant with no work ahead of V starts at V,
+before all of them, and goes at the top level: it waits for the pass that runs, not for the
+others' backlogs. A queue that runs short gets the next quantum at once, so the share is
+work-conserving: a lone tenant gets the whole worker.
+
+Messages that are not held (realtime, cloud calls, work published again) go at a band: the top
+level under one quantum ahead of V, then one level lower each time the distance doubles.
 Redis is the shared state, not the record: if it cannot be reached, messages go out at the
-plan's static priority and nothing is lost.
+plan's static priority and nothing is held; nothing is lost.
 """
 
 from __future__ import annotations
@@ -39,38 +44,75 @@ START_TAG_HEADER = "renq_fair_start"
 TAG_TTL_S = 6 * 3600
 _PREFIX = "renq:fair:"
 
-# KEYS: (virtual time, tenant finish tag, queue's mean job tokens) per message; ARGV: ttl,
-# then each message's (charge, tokens per job). Returns each message's start tag, the virtual
-# time it was read against and the queue's mean job tokens, this message's included.
 # How fast a queue's mean job size follows its messages (a moving average over ~20).
 MEAN_STEP = 0.05
+# A submission whose start lies this many quanta beyond the virtual time is held back; held
+# work is released once its earliest start tag is within this of V.
+HOLD_AHEAD = 1.0
+# A worker that finds fewer messages than this left in a tier queue releases held work.
+SHORT_QUEUE = 4
+# A queue no worker has taken from for this long holds nothing back: no take would come to
+# release it (no worker yet, or one stuck in a long pass), and the sweeper's backstop is slow.
+TAKEN_RECENTLY_S = 5
+
+# KEYS per message: virtual time, tenant finish tag, the queue's mean job tokens, its quantum,
+# its earliest held start tag, its taken-recently mark. ARGV: ttl, then per message: charge,
+# tokens per job, batch_size, batch token budget, whether it may be held (1/0). Returns per
+# message: its start tag, the virtual time read, the quantum, and 0 (banded: not holdable, or
+# nobody takes from its queue), 1 (within a quantum of V) or 2 (held).
 _TAG_MESSAGES = """
 local ttl = tonumber(ARGV[1])
 local out = {}
-for i = 1, #KEYS, 3 do
-  local m = (i - 1) / 3
+for i = 1, #KEYS, 6 do
+  local m = (i - 1) / 6
+  local a = 2 + 5 * m
   local v = tonumber(redis.call('GET', KEYS[i]) or '0')
   local f = tonumber(redis.call('GET', KEYS[i + 1]) or '0')
   local s = math.max(v, f)
-  redis.call('SET', KEYS[i + 1], tostring(s + tonumber(ARGV[2 + 2 * m])), 'EX', ttl)
-  local per_job = tonumber(ARGV[3 + 2 * m])
+  redis.call('SET', KEYS[i + 1], tostring(s + tonumber(ARGV[a])), 'EX', ttl)
+  local per_job = tonumber(ARGV[a + 1])
   local mean = tonumber(redis.call('GET', KEYS[i + 2]) or '0')
   if mean <= 0 then mean = per_job else mean = mean + MEAN_STEP * (per_job - mean) end
   redis.call('SET', KEYS[i + 2], tostring(mean), 'EX', ttl)
+  local quantum = math.max(math.min(tonumber(ARGV[a + 3]), tonumber(ARGV[a + 2]) * mean), 1)
+  redis.call('SET', KEYS[i + 3], tostring(quantum), 'EX', ttl)
+  local held = 0
+  if ARGV[a + 4] == '1' and redis.call('EXISTS', KEYS[i + 5]) == 1 then
+    held = 1
+    if s - v >= HOLD_AHEAD * quantum then
+      local earliest = tonumber(redis.call('GET', KEYS[i + 4]) or 'inf')
+      if s < earliest then redis.call('SET', KEYS[i + 4], tostring(s), 'EX', ttl) end
+      held = 2
+    end
+  end
   out[#out + 1] = tostring(s)
   out[#out + 1] = tostring(v)
-  out[#out + 1] = tostring(mean)
+  out[#out + 1] = tostring(quantum)
+  out[#out + 1] = tostring(held)
 end
 return out
-""".replace("MEAN_STEP", repr(MEAN_STEP))
+""".replace("MEAN_STEP", repr(MEAN_STEP)).replace("HOLD_AHEAD", repr(HOLD_AHEAD))
 
-# KEYS: virtual times; ARGV: the start tag taken from each. The clock only moves forward.
+# KEYS per queue: virtual time, quantum, earliest held start tag, taken-recently mark. ARGV:
+# the mark's ttl, then per queue the start tag taken ('' when none). The clock only moves
+# forward. Returns per queue: the virtual time, the quantum, the earliest held start tag ('').
 _ADVANCE = """
-for i = 1, #KEYS do
+local out = {}
+for i = 1, #KEYS, 4 do
+  local taken = ARGV[2 + (i - 1) / 4]
   local v = tonumber(redis.call('GET', KEYS[i]) or '0')
-  if tonumber(ARGV[i]) > v then redis.call('SET', KEYS[i], ARGV[i]) end
+  if taken ~= '' then
+    if tonumber(taken) > v then
+      v = tonumber(taken)
+      redis.call('SET', KEYS[i], taken)
+    end
+    redis.call('SET', KEYS[i + 3], '1', 'EX', tonumber(ARGV[1]))
+  end
+  out[#out + 1] = tostring(v)
+  out[#out + 1] = redis.call('GET', KEYS[i + 1]) or '1'
+  out[#out + 1] = redis.call('GET', KEYS[i + 2]) or ''
 end
-return #KEYS
+return out
 """
 
 _scripts: dict[int, tuple[redis.Redis, Script, Script]] = {}
@@ -95,12 +137,34 @@ class Charge:
     weight: float
     batch_jobs: int  # the service's batch_size
     batch_tokens: int  # the service's token budget of a batch
+    holdable: bool = False  # a first publish to a worker tier queue below realtime
 
 
 @dataclass(frozen=True)
 class Tag:
     start: float
     priority: int
+    held: bool = False  # too far ahead of its queue's virtual time: held back, not published
+
+
+@dataclass(frozen=True)
+class Clock:
+    """A queue's virtual time, its quantum, and the earliest start tag held back from it."""
+
+    virtual_time: float
+    quantum: float
+    earliest_held: float | None
+
+    def band(self, start: float, top: int) -> int:
+        return band(start - self.virtual_time, self.quantum, top)
+
+    @property
+    def release_due(self) -> bool:
+        """Held work's turn is near: the earliest held start tag is within HOLD_AHEAD quanta."""
+        return (
+            self.earliest_held is not None
+            and self.earliest_held - self.virtual_time < HOLD_AHEAD * self.quantum
+        )
 
 
 def band(ahead: float, quantum: float, top: int) -> int:
@@ -114,21 +178,29 @@ def band(ahead: float, quantum: float, top: int) -> int:
 
 
 def tag_messages(charges: Sequence[Charge], *, top: int) -> list[Tag] | None:
-    """Start tags and priorities for messages about to be published, in one Redis round trip.
-    None when Redis cannot be reached (the caller publishes at the static priority)."""
+    """Start tags and priorities for messages about to be published, in one Redis round trip;
+    a holdable message too far ahead of its queue's virtual time is marked held. None when
+    Redis cannot be reached (the caller publishes at the static priority)."""
     if not charges:
         return []
     keys: list[str] = []
-    args: list[float] = [TAG_TTL_S]
+    args: list[float | int] = [TAG_TTL_S]
     for charge in charges:
+        queue = charge.queue
         keys += [
-            _clock_key(charge.queue),
-            f"{_PREFIX}{charge.queue}:f:{charge.tenant_id}",
-            f"{_PREFIX}{charge.queue}:mean",
+            _key(queue, "v"),
+            f"{_PREFIX}{queue}:f:{charge.tenant_id}",
+            _key(queue, "mean"),
+            _key(queue, "quantum"),
+            _key(queue, "held"),
+            _key(queue, "taken"),
         ]
         args += [
             max(1, charge.tokens) / max(charge.weight, 1e-6),
             max(1.0, charge.tokens / max(1, charge.jobs)),
+            charge.batch_jobs,
+            charge.batch_tokens,
+            int(charge.holdable),
         ]
     try:
         tag_script, _ = _script_pair(shared_redis())
@@ -137,27 +209,64 @@ def tag_messages(charges: Sequence[Charge], *, top: int) -> list[Tag] | None:
         logger.warning("fair share: tags unavailable; publishing at static priorities")
         return None
     tags = []
-    for i, charge in enumerate(charges):
-        start, clock, mean = (float(value) for value in values[3 * i : 3 * i + 3])
-        quantum = min(charge.batch_tokens, charge.batch_jobs * mean)
-        tags.append(Tag(start, band(start - clock, quantum, top)))
+    for i in range(len(charges)):
+        start, clock, quantum, holding = (float(value) for value in values[4 * i : 4 * i + 4])
+        if holding:
+            # Within a quantum of V, or held: a tenant with no work ahead of V (its start is
+            # V) goes first, the others among the released quantum, in arrival order.
+            priority = top if start <= clock else top - 1
+        else:
+            priority = band(start - clock, quantum, top)
+        tags.append(Tag(start, priority, held=holding == 2))
     return tags
 
 
-def advance(taken: dict[str, float]) -> None:
-    """A worker took messages with these start tags (queue → the largest): the queues'
-    virtual time moves up to them. Never raises: a missed move only delays the clock."""
+def advance(taken: dict[str, float | None]) -> dict[str, Clock]:
+    """A worker took messages with these start tags (queue → the largest; None: it took none
+    there, and asks only how the queue stands): the queues' virtual time moves up to them.
+    Returns each queue's clock; empty when Redis cannot be reached (a missed move only
+    delays the clock)."""
     if not taken:
-        return
+        return {}
     queues = sorted(taken)
+    keys = [
+        key
+        for q in queues
+        for key in (_key(q, "v"), _key(q, "quantum"), _key(q, "held"), _key(q, "taken"))
+    ]
+    args = [TAKEN_RECENTLY_S] + ["" if taken[q] is None else repr(taken[q]) for q in queues]
     try:
         _, advance_script = _script_pair(shared_redis())
-        advance_script(
-            keys=[_clock_key(q) for q in queues], args=[repr(taken[q]) for q in queues]
-        )
+        values = advance_script(keys=keys, args=args)
     except redis.RedisError:
         logger.warning("fair share: could not move the virtual time of %s", queues)
+        return {}
+    clocks = {}
+    for i, queue in enumerate(queues):
+        virtual_time, quantum, earliest = values[3 * i : 3 * i + 3]
+        clocks[queue] = Clock(
+            float(virtual_time), float(quantum), float(earliest) if earliest else None
+        )
+    return clocks
 
 
-def _clock_key(queue: str) -> str:
-    return f"{_PREFIX}{queue}:v"
+def note_held(queue: str, earliest: float | None) -> None:
+    """After a release: the earliest start tag still held back from the queue (None: none).
+    Never raises: a wrong mark only makes a worker look in Postgres once for nothing, or wait
+    for its queue to run short."""
+    try:
+        if earliest is None:
+            shared_redis().delete(_key(queue, "held"))
+        else:
+            shared_redis().set(_key(queue, "held"), repr(earliest), ex=TAG_TTL_S)
+    except redis.RedisError:
+        logger.warning("fair share: could not note what %s holds back", queue)
+
+
+def clock(queue: str) -> Clock | None:
+    """The queue's clock, read without moving it (None when Redis cannot be reached)."""
+    return advance({queue: None}).get(queue)
+
+
+def _key(queue: str, name: str) -> str:
+    return f"{_PREFIX}{queue}:{name}"

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import amqp
 from celery.utils.nodenames import anon_nodename
 from django.db import DatabaseError, transaction
+from django.db.models import Q
 from django.utils import timezone
 from kombu import Connection
 from opentelemetry.trace import SpanKind
@@ -27,7 +28,7 @@ from inference.config.plans import plan_weight
 from inference.dispatch import fair_share, queues
 from inference.jobs.kinds import kind_of
 from inference.jobs.tiers import Tier
-from inference.models import Job, JobStatus, Tenant
+from inference.models import Job, JobStatus, Service, Tenant
 from renq_site import tracing
 from renq_site.celery import app
 from routing.backends import Placement
@@ -263,13 +264,19 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool
 
     `charged`: the jobs' tenants were charged in the fair share when they were first
     published (a job handed back by a worker, a lost message sent again): they go at the
-    plan's priority without a second charge."""
+    plan's priority without a second charge.
+
+    A submission's message too far ahead of its tier queue's fair-share clock is held back
+    (fair_share): its jobs wait in Postgres, counted as dispatched, until `release_held`."""
     jobs = list(jobs)
     sent: list = []
     messages = _messages(jobs)
-    tags = [None] * len(messages) if charged else _fair_tags(messages)
+    tags = [None] * len(messages) if charged else _fair_tags(messages, holding=counted_on)
     for (target, group), tag in zip(messages, tags, strict=True):
-        if not _send(target, group, tag):
+        if tag is not None and tag.held:
+            if not _hold_back(group, tag.start):
+                continue  # Postgres is away: left to the outbox or the lost-message sweep
+        elif not _send(target, group, tag):
             break
         sent.extend(job.pk for job in group)
     if counted_on:
@@ -279,6 +286,82 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool
     elif sent:
         Job.objects.filter(pk__in=sent).mark_published()
     return len(sent)
+
+
+def _hold_back(jobs: Sequence[Job], start: float) -> bool:
+    try:
+        Job.objects.filter(pk__in=[job.pk for job in jobs]).hold_back(start)
+    except DatabaseError:
+        logger.warning("could not hold back %d jobs; the lost-message sweep sends them", len(jobs))
+        return False
+    return True
+
+
+# One release publishes at most this many of the service's batches.
+RELEASE_BATCHES = 4
+# Released work goes one level under the top, with the submissions starting within a quantum
+# of V; the top is for a tenant with no work ahead of V, whose start V precedes them all.
+RELEASED_PRIORITY = queues.MAX_PRIORITY - 1
+
+
+def release_held(service_name: str, tier: Tier, clock: fair_share.Clock | None = None) -> int:
+    """Publish the next quantum of start tags held back from the tier queue: those within one
+    quantum of the virtual time, or, when none is, of the earliest held start tag (the queue
+    runs short and that one's turn is next); at most RELEASE_BATCHES of the service's
+    batches. All go at one level (RELEASED_PRIORITY): what is out then lies within about a
+    quantum of start tags, where arrival order is start-tag order, and nothing released
+    sinks below later released work. Notes the earliest start tag still held. Returns the
+    jobs published. Concurrent releases take different jobs (SKIP LOCKED); a publish that
+    fails leaves its jobs to the outbox. Without Redis's clock the earliest held go, at the
+    plan's priority."""
+    queue = queues.tier_queue(service_name, tier)
+    batch_size = (
+        Service.objects.filter(name=service_name).values_list("batch_size", flat=True).first()
+    )
+    if batch_size is None:
+        return 0
+    clock = clock or fair_share.clock(queue)
+    limit = RELEASE_BATCHES * batch_size
+    in_queue = Q(serving_tier=tier) | Q(serving_tier="", tier=tier)
+    with transaction.atomic():
+        rows = list(
+            Job.objects.held_back()
+            .filter(in_queue, service__name=service_name)
+            .select_for_update(skip_locked=True, of=("self",))
+            .order_by("held_start", "created_at")
+            .values_list("pk", "held_start")[: limit + 1]
+        )
+        if rows and clock is not None:
+            window_end = max(clock.virtual_time, rows[0][1]) + clock.quantum
+            within = [row for row in rows if row[1] < window_end]
+        else:
+            within = rows
+        taken = dict(within[:limit])
+        Job.objects.filter(pk__in=list(taken)).mark_published()
+    fair_share.note_held(queue, rows[len(taken)][1] if len(rows) > len(taken) else None)
+    if not taken:
+        return 0
+    jobs = Job.objects.filter(pk__in=list(taken)).select_related(
+        "service", "tenant", "route__backend"
+    )
+    messages: dict[tuple[int, float], list[Job]] = {}
+    for job in sorted(jobs, key=lambda job: (taken[job.pk], job.created_at)):
+        messages.setdefault((job.tenant_id, taken[job.pk]), []).append(job)
+    sent = 0
+    unsent: list = []
+    for (_, start), group in sorted(messages.items(), key=lambda item: item[0][1]):
+        per_message = jobs_per_message(group[0].service.batch_size)
+        for first in range(0, len(group), per_message):
+            chunk = group[first : first + per_message]
+            target = destination(chunk[0])
+            priority = target.priority if clock is None else RELEASED_PRIORITY
+            if unsent or not _send(target, chunk, fair_share.Tag(start, priority)):
+                unsent.extend(job.pk for job in chunk)
+            else:
+                sent += len(chunk)
+    if unsent:
+        _unmark(unsent)
+    return sent
 
 
 def _unmark(job_ids: list) -> None:
@@ -313,9 +396,12 @@ def _messages(jobs: Sequence[Job]) -> list[tuple[Destination, list[Job]]]:
     return messages
 
 
-def _fair_tags(messages: list[tuple[Destination, list[Job]]]) -> list[fair_share.Tag | None]:
+def _fair_tags(
+    messages: list[tuple[Destination, list[Job]]], *, holding: bool
+) -> list[fair_share.Tag | None]:
     """The fair share's tag of each message bound for a tier queue, a service's or the cloud
-    calls' (None for all when Redis is away: they go at the plan's static priority)."""
+    calls' (None for all when Redis is away: they go at the plan's static priority).
+    `holding`: a message to a worker tier queue below realtime may be held back."""
     if not messages:
         return []
     plans = _tenant_plans([group[0] for _, group in messages])
@@ -332,6 +418,9 @@ def _fair_tags(messages: list[tuple[Destination, list[Job]]]) -> list[fair_share
                 weight=plan_weight(plans.get(first.tenant_id, "")),
                 batch_jobs=first.service.batch_size,
                 batch_tokens=first.service.max_total_tokens,
+                holdable=holding
+                and target.task == RUN_JOB_TASK
+                and (first.serving_tier or first.tier) != Tier.REALTIME,
             )
         )
     computed = fair_share.tag_messages(charges, top=queues.MAX_PRIORITY)
@@ -380,6 +469,9 @@ def republish_unpublished(older_than_s: float = 10.0) -> int:
     """The outbox sweep: publish queued jobs whose publish never got confirmed."""
     cutoff = timezone.now() - timezone.timedelta(seconds=older_than_s)
     stale = Job.objects.filter(
-        status=JobStatus.QUEUED, published_at__isnull=True, created_at__lt=cutoff
+        status=JobStatus.QUEUED,
+        published_at__isnull=True,
+        held_start__isnull=True,  # held back on purpose: released in fair-share order
+        created_at__lt=cutoff,
     ).select_related("service", "tenant", "route__backend")[:1000]
     return publish_many(list(stale))

@@ -497,7 +497,18 @@ class JobQuerySet(models.QuerySet):
     def mark_published(self) -> int:
         """RabbitMQ confirmed a dispatch message (a first one, or one sent again): the outbox
         sweep skips these jobs, and the lost-message sweep counts from now."""
-        return self.filter(status=JobStatus.QUEUED).update(published_at=timezone.now())
+        return self.filter(status=JobStatus.QUEUED).update(
+            published_at=timezone.now(), held_start=None
+        )
+
+    def hold_back(self, start: float) -> int:
+        """Queued jobs whose turn in their tenant's fair share is still far off: no message
+        goes out for them until it nears (inference.dispatch.publishing.release_held)."""
+        return self.filter(status=JobStatus.QUEUED).update(published_at=None, held_start=start)
+
+    def held_back(self) -> JobQuerySet:
+        """Queued jobs held back for their fair-share turn."""
+        return self.filter(status=JobStatus.QUEUED, held_start__isnull=False)
 
     def unmark_published(self) -> int:
         """A publish counted on at INSERT failed: the outbox sweep sends these jobs."""

@@ -24,6 +24,7 @@ from inference.dispatch.publishing import (
     destination,
     publish,
     publish_many,
+    release_held,
     republish_unpublished,
 )
 from inference.dispatch.settlement import Attempt, settle_attempts
@@ -281,9 +282,33 @@ def _hand_on_stranded(rows, reason: str, dead_claims_before, cascade: FallbackCa
     return len(claim.jobs) - len(stored)
 
 
+def release_unfed_held() -> int:
+    """The next quantum of work held back from a tier queue that holds no message is
+    released: workers release held work as they take from a queue, and this covers a queue
+    nobody took from since (no worker started yet, or all stopped). Returns the jobs
+    released."""
+    held = Job.objects.held_back().values_list("service__name", "tier", "serving_tier")
+    by_queue = {
+        queues.tier_queue(name, serving or tier): (name, Tier(serving or tier))
+        for name, tier, serving in held.order_by().distinct()
+    }
+    if not by_queue:
+        return 0
+    try:
+        counts = ready_message_counts(sorted(by_queue))
+    except Exception:  # noqa: BLE001 - the broker is away: nothing could be published anyway
+        return 0
+    return sum(
+        release_held(name, tier)
+        for queue, (name, tier) in by_queue.items()
+        if counts.get(queue, 0) == 0
+    )
+
+
 def sweep_jobs() -> dict:
     return {
         "republished": republish_unpublished(),
+        "held_released": release_unfed_held(),
         "lost_republished": republish_lost_messages(),
         "rescued": rescue_stranded_jobs(),
         "expired": expire_overdue(),

@@ -33,3 +33,23 @@ def test_tenants_with_small_and_large_jobs_sink_alike_for_the_same_work_ahead():
     assert next_small.priority == next_large.priority
     # And a tenant's first message is at the top, whatever its job size.
     assert small[0].priority == large[0].priority == 3
+
+
+def test_while_a_worker_takes_only_a_tenant_with_nothing_ahead_goes_at_the_top():
+    for key in shared_redis().scan_iter(f"renq:fair:{QUEUE}:*"):
+        shared_redis().delete(key)
+    holdable = [
+        fair_share.Charge(
+            queue=QUEUE, tenant_id=1, tokens=10, jobs=1, weight=1.0, batch_jobs=2,
+            batch_tokens=16384, holdable=True,
+        )
+    ] * 3  # fmt: skip
+    # Nobody took from the queue yet: nothing is held, the bands order it.
+    assert [(t.priority, t.held) for t in fair_share.tag_messages(holdable, top=3)] == [
+        (3, False), (3, False), (2, False),
+    ]  # fmt: skip
+    fair_share.advance({QUEUE: 30.0})  # a worker takes: the queue's quantum is 2 jobs, 20
+    # Start 30 is V: the top; 40 lies within a quantum: under it; 50 is a quantum ahead: held.
+    assert [(t.priority, t.held) for t in fair_share.tag_messages(holdable, top=3)] == [
+        (3, False), (2, False), (2, True),
+    ]  # fmt: skip

@@ -87,3 +87,42 @@ def test_a_message_s_band_halves_as_its_start_runs_further_ahead():
     assert [fair_share.band(ahead, 10, 3) for ahead in (0, 9.9, 10, 19, 20, 39, 40, 1e9)] == [
         3, 3, 2, 2, 1, 1, 0, 0,
     ]  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_backlogs_sent_while_the_worker_serves_share_by_plan_not_by_arrival(
+    make_tenant, make_service
+):
+    # While a worker serves the tier, free sends its whole backlog first, then pro, then
+    # enterprise: in arrival order free would run first. Weights 2 : 1 : 0.5.
+    from inference.config.models import DEFAULT_PLAN_WEIGHTS, PlanPolicy
+    from inference.models import JobStatus
+
+    for plan, weight in DEFAULT_PLAN_WEIGHTS.items():
+        PlanPolicy.objects.update_or_create(plan=plan, defaults={"tier_boost": 0, "weight": weight})
+    fresh_service(make_service, "fair-live")
+    tenants = {plan: make_tenant(plan, plan=plan)[0] for plan in ("free", "pro", "enterprise")}
+    worker = WorkerProcess(services=("fair-live",), name="fair-live")
+    try:
+        # A long first job: the backlogs below are all queued before a second one starts.
+        first = submit_job(
+            tenant=tenants["pro"],
+            service_name="fair-live",
+            payload={"texts": [TEN_TOKENS], "sleep_ms": 3000},
+            priority="batch",
+        )
+        wait_for_job(first.pk, timeout_s=30, statuses={JobStatus.RUNNING, JobStatus.SUCCEEDED})
+        jobs = {plan: queue_jobs(tenant, "fair-live", 24) for plan, tenant in tenants.items()}
+        started = {
+            job.pk: wait_for_job(job.pk, timeout_s=60).started_at
+            for plan_jobs in jobs.values()
+            for job in plan_jobs
+        }
+    finally:
+        worker.stop()
+    first_28 = sorted(started, key=started.get)[:28]
+    share = {plan: sum(job.pk in first_28 for job in plan_jobs) for plan, plan_jobs in jobs.items()}
+    # SFQ gives 16 : 8 : 4; by arrival it would be 24 : 4 : 0 for free.
+    assert share["enterprise"] > share["pro"] > share["free"] > 0, share
+    assert share["enterprise"] >= 12, share

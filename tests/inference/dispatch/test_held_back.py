@@ -1,0 +1,101 @@
+"""A backlog far behind in its tenant's fair share waits in Postgres, not in RabbitMQ, and
+comes out in start-tag order: the bands only order what lies within a few quanta."""
+
+from __future__ import annotations
+
+import pytest
+
+from inference.dispatch import fair_share
+from inference.dispatch.broker import ready_message_counts
+from inference.dispatch.publishing import release_held, republish_unpublished
+from inference.dispatch.queues import service_queues, tier_queue
+from inference.intake.submission import submit_job
+from inference.models import Job
+from inference.workers.sweeper import release_unfed_held
+from tests.conftest import purge_test_queues
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SERVICE = "held-back"
+QUEUE = tier_queue(SERVICE, "batch")
+TEN_TOKENS = "x" * 40
+
+
+@pytest.fixture
+def served_service(make_service):
+    """A one-job batch service whose batch queue a worker has just taken from (nothing is
+    held back from a queue nobody takes from)."""
+    service = make_service("noop", name=SERVICE, batch_size=1, batch_timeout=0.001)
+    purge_test_queues(service_queues(SERVICE))
+    fair_share.advance({QUEUE: 0.0})
+    return service
+
+
+def submit(tenant, n: int) -> list[Job]:
+    return [
+        submit_job(
+            tenant=tenant, service_name=SERVICE, payload={"texts": [TEN_TOKENS]}, priority="batch"
+        )
+        for _ in range(n)
+    ]
+
+
+def ready() -> int:
+    return ready_message_counts([QUEUE])[QUEUE]
+
+
+def test_a_deep_backlog_is_held_back_in_postgres_and_the_outbox_leaves_it(
+    served_service, make_tenant
+):
+    tenant, _ = make_tenant("deep")
+    submit(tenant, 10)
+
+    # Start 0 goes out; the rest lie a quantum (one 10-token job here) or more ahead.
+    assert ready() == 1
+    held = Job.objects.held_back().filter(service__name=SERVICE)
+    assert held.count() == 9
+    assert republish_unpublished(older_than_s=0) == 0
+    assert ready() == 1
+
+
+def test_held_work_is_released_earliest_start_first_whoever_sent_it_first(
+    served_service, make_tenant
+):
+    first, _ = make_tenant("first")
+    second, _ = make_tenant("second")
+    early = submit(first, 10)  # its held starts: 10 … 90
+    late = submit(second, 10)  # the same starts, sent after all of the first tenant's
+    purge_test_queues([QUEUE])  # what went out at once is taken
+
+    # The next quantum of start tags: 10, of each tenant; not the first tenant's next by arrival.
+    assert release_held(SERVICE, "batch") == 2
+    still_held = set(Job.objects.held_back().values_list("pk", flat=True))
+    assert still_held == {job.pk for job in early[2:] + late[2:]}
+    assert ready() == 2
+    assert fair_share.clock(QUEUE).earliest_held == 20
+    fair_share.advance({QUEUE: 10.0})  # a worker took them
+    assert release_held(SERVICE, "batch") == 2
+    assert set(Job.objects.held_back().values_list("pk", flat=True)) == {
+        job.pk for job in early[3:] + late[3:]
+    }
+
+
+def test_the_sweeper_releases_held_work_of_a_queue_nobody_takes_from(served_service, make_tenant):
+    tenant, _ = make_tenant("stranded")
+    submit(tenant, 10)
+    purge_test_queues([QUEUE])  # the one that went out was taken; no worker takes more
+
+    assert release_unfed_held() == 1  # the next quantum: one job here
+    assert ready() == 1
+    assert release_unfed_held() == 0  # the queue holds a message again
+    assert Job.objects.held_back().count() == 8
+
+
+def test_nothing_is_held_from_a_queue_no_worker_has_taken_from(make_service, make_tenant):
+    make_service("noop", name=SERVICE, batch_size=1, batch_timeout=0.001)
+    purge_test_queues(service_queues(SERVICE))
+    tenant, _ = make_tenant("early")
+    submit(tenant, 10)
+
+    assert ready() == 10
+    assert not Job.objects.held_back().exists()
