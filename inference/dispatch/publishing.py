@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import amqp
 from celery.utils.nodenames import anon_nodename
 from django.db import DatabaseError, transaction
-from django.db.models import Q
+from django.db.models import Case, FloatField, Q, Value, When
 from django.utils import timezone
 from kombu import Connection
 from opentelemetry.trace import SpanKind
@@ -270,15 +270,18 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool
     (fair_share): its jobs wait in Postgres, counted as dispatched, until `release_held`."""
     jobs = list(jobs)
     sent: list = []
+    held: list[tuple[list[Job], float]] = []
     messages = _messages(jobs)
     tags = [None] * len(messages) if charged else _fair_tags(messages, holding=counted_on)
     for (target, group), tag in zip(messages, tags, strict=True):
         if tag is not None and tag.held:
-            if not _hold_back(group, tag.start):
-                continue  # Postgres is away: left to the outbox or the lost-message sweep
-        elif not _send(target, group, tag):
+            held.append((group, tag.start))
+            continue
+        if not _send(target, group, tag):
             break
         sent.extend(job.pk for job in group)
+    if held and _hold_back(held):
+        sent.extend(job.pk for group, _ in held for job in group)
     if counted_on:
         if len(sent) < len(jobs):
             confirmed = set(sent)
@@ -288,11 +291,18 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool
     return len(sent)
 
 
-def _hold_back(jobs: Sequence[Job], start: float) -> bool:
+def _hold_back(held: list[tuple[list[Job], float]]) -> bool:
+    """Hold back each message's jobs at its start tag, in one UPDATE. False when Postgres
+    is away: the caller leaves them to the outbox (or the lost-message sweep)."""
+    starts = Case(
+        *(When(pk__in=[job.pk for job in group], then=Value(start)) for group, start in held),
+        output_field=FloatField(),
+    )
+    ids = [job.pk for group, _ in held for job in group]
     try:
-        Job.objects.filter(pk__in=[job.pk for job in jobs]).hold_back(start)
+        Job.objects.filter(pk__in=ids).hold_back(starts)
     except DatabaseError:
-        logger.warning("could not hold back %d jobs; the lost-message sweep sends them", len(jobs))
+        logger.warning("could not hold back %d jobs", len(ids), exc_info=True)
         return False
     return True
 
@@ -302,6 +312,16 @@ RELEASE_BATCHES = 4
 # Released work goes one level under the top, with the submissions starting within a quantum
 # of V; the top is for a tenant with no work ahead of V, whose start V precedes them all.
 RELEASED_PRIORITY = queues.MAX_PRIORITY - 1
+
+
+def _held_in(service_name: str, tier: Tier):
+    in_queue = Q(serving_tier=tier) | Q(serving_tier="", tier=tier)
+    return Job.objects.held_back().filter(in_queue, service__name=service_name)
+
+
+def holds_back(service_name: str, tier: Tier) -> bool:
+    """Whether any work is held back from the service's tier queue."""
+    return _held_in(service_name, tier).exists()
 
 
 def release_held(service_name: str, tier: Tier, clock: fair_share.Clock | None = None) -> int:
@@ -322,11 +342,9 @@ def release_held(service_name: str, tier: Tier, clock: fair_share.Clock | None =
         return 0
     clock = clock or fair_share.clock(queue)
     limit = RELEASE_BATCHES * batch_size
-    in_queue = Q(serving_tier=tier) | Q(serving_tier="", tier=tier)
     with transaction.atomic():
         rows = list(
-            Job.objects.held_back()
-            .filter(in_queue, service__name=service_name)
+            _held_in(service_name, tier)
             .select_for_update(skip_locked=True, of=("self",))
             .order_by("held_start", "created_at")
             .values_list("pk", "held_start")[: limit + 1]

@@ -29,7 +29,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, models, transaction
-from django.db.models import F
+from django.db.models import Expression, F
 from django.utils import timezone
 from psycopg2 import Binary
 from psycopg2.extras import execute_values
@@ -501,9 +501,10 @@ class JobQuerySet(models.QuerySet):
             published_at=timezone.now(), held_start=None
         )
 
-    def hold_back(self, start: float) -> int:
+    def hold_back(self, start: float | Expression) -> int:
         """Queued jobs whose turn in their tenant's fair share is still far off: no message
-        goes out for them until it nears (inference.dispatch.publishing.release_held)."""
+        goes out for them until it nears (inference.dispatch.publishing.release_held).
+        `start`: their start tag (an expression: each row's)."""
         return self.filter(status=JobStatus.QUEUED).update(published_at=None, held_start=start)
 
     def held_back(self) -> JobQuerySet:

@@ -16,7 +16,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from inference.dispatch import fair_share
-from inference.dispatch.publishing import dead_letter, publish_many, release_held
+from inference.dispatch.publishing import dead_letter, holds_back, publish_many, release_held
 from inference.dispatch.queues import tier_queue
 from inference.jobs.tiers import Tier
 from inference.jobs.transitions import Claim
@@ -31,9 +31,10 @@ from renq_site import tracing
 
 logger = logging.getLogger(__name__)
 
-# How often a worker looks in Postgres for held-back work of a short queue that Redis noted
-# none for (see Intake._advance_fair_share).
+# How often a worker process looks in Postgres for held-back work of a short queue that
+# Redis noted none for (see Intake._advance_fair_share); queue → when next (monotonic).
 HELD_LOOK_S = 1.0
+_next_held_look: dict[str, float] = {}
 
 
 def note_claim(claim: Claim, report: BatchReport) -> None:
@@ -87,7 +88,6 @@ class Intake:
         self._line = line
         self._ledger = ledger
         self._report = report
-        self._next_held_look = 0.0  # time.monotonic()'s
 
     @property
     def pulling(self) -> bool:
@@ -147,9 +147,9 @@ class Intake:
     def _advance_fair_share(self, pulled: list[PulledMessage], *, short: set[Tier]) -> None:
         """The tier queues' fair-share clocks move up to the start tags just taken; then work
         held back from them is released where its turn nears, or where a queue runs short
-        (`short`: the tiers found empty) and held work may be waiting. A short queue with no
-        held work noted is looked for in Postgres at most every HELD_LOOK_S: the note can
-        miss a hold that committed after a release."""
+        (`short`: the tiers found empty) with held work noted in Redis. A short queue with
+        none noted is looked for in Postgres at most every HELD_LOOK_S per process: the note
+        can miss a hold that committed after a release."""
         taken: dict[str, float | None] = {}
         tiers: dict[str, Tier] = {}
         short = {tier for tier in short if tier != Tier.REALTIME}
@@ -161,25 +161,32 @@ class Intake:
                 taken[queue] = max(float(start), taken.get(queue) or 0.0)
             if pm.tier != Tier.REALTIME and (pm.left_in_queue or 0) < fair_share.SHORT_QUEUE:
                 short.add(pm.tier)
-        look = bool(short) and time.monotonic() >= self._next_held_look
-        if look:
-            self._next_held_look = time.monotonic() + HELD_LOOK_S
-            for tier in short:
-                queue = tier_queue(self._service_name, tier)
-                tiers[queue] = tier
+        now = time.monotonic()
+        looks: set[str] = set()
+        for tier in short:
+            queue = tier_queue(self._service_name, tier)
+            tiers[queue] = tier
+            if queue in taken or now >= _next_held_look.get(queue, 0.0):
                 taken.setdefault(queue, None)
+            if now >= _next_held_look.get(queue, 0.0):
+                _next_held_look[queue] = now + HELD_LOOK_S
+                looks.add(queue)
         if not taken:
             return
         clocks = fair_share.advance(taken)
         for queue, tier in tiers.items():
             clock = clocks.get(queue)
             noted = clock is not None and clock.earliest_held is not None
-            if (clock is not None and clock.release_due) or (tier in short and (noted or look)):
-                try:
+            try:
+                if (
+                    (clock is not None and clock.release_due)
+                    or (tier in short and noted)
+                    or (queue in looks and not noted and holds_back(self._service_name, tier))
+                ):
                     release_held(self._service_name, tier, clock)
-                except DatabaseError:
-                    # Held work stays held: the next pull, or the sweeper, releases it.
-                    logger.warning("could not release held work of %s", queue, exc_info=True)
+            except DatabaseError:
+                # Held work stays held: the next pull, or the sweeper, releases it.
+                logger.warning("could not release held work of %s", queue, exc_info=True)
 
     def hand_back(self, held: list[Held]) -> int:
         """Claimed jobs no pass of this worker has started go back to their queues, each

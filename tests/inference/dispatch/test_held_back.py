@@ -9,7 +9,8 @@ from inference.dispatch import fair_share
 from inference.dispatch.broker import ready_message_counts
 from inference.dispatch.publishing import release_held, republish_unpublished
 from inference.dispatch.queues import service_queues, tier_queue
-from inference.intake.submission import submit_job
+from inference.intake.submission import JobRequest, submit_job, submit_jobs
+from inference.jobs.tiers import Tier
 from inference.models import Job
 from inference.workers.sweeper import release_unfed_held
 from tests.conftest import purge_test_queues
@@ -55,6 +56,19 @@ def test_a_deep_backlog_is_held_back_in_postgres_and_the_outbox_leaves_it(
     held = Job.objects.held_back().filter(service__name=SERVICE)
     assert held.count() == 9
     assert republish_unpublished(older_than_s=0) == 0
+    assert ready() == 1
+
+
+def test_one_submission_of_many_messages_holds_each_at_its_own_start(
+    served_service, make_tenant
+):
+    tenant, _ = make_tenant("listed")
+    requests = [JobRequest(served_service, Tier.BATCH, {"texts": [TEN_TOKENS]})] * 20
+    submit_jobs(tenant, requests)
+
+    # Messages of 8, 8 and 4 jobs: starts 0 (out at once), 80 and 160 (held).
+    held = Job.objects.held_back().values_list("held_start", flat=True)
+    assert sorted(held) == [80.0] * 8 + [160.0] * 4
     assert ready() == 1
 
 
