@@ -69,8 +69,10 @@ def job_channel(job_id: str | uuid.UUID) -> str:
 
 @dataclass
 class Notice:
-    """A succeeded job's outcome as its notification carries it: what was stored in its row."""
+    """A succeeded job's outcome as its notification carries it: what its row holds, or will
+    hold once stored (`stored` False: a realtime answer sent before its store)."""
 
+    stored: bool
     result: dict
     vectors: bytes | None
     started_at: datetime | None
@@ -82,6 +84,7 @@ class Notice:
 
     def encode(self) -> bytes:
         head = {
+            "stored": self.stored,
             "result": self.result,
             "started_at": self.started_at.isoformat() if self.started_at else None,
             "finished_at": self.finished_at.isoformat(),
@@ -114,6 +117,7 @@ class Notice:
         fields = json.loads(head)
         started = fields["started_at"]
         return cls(
+            stored=fields.get("stored", True),
             result=fields["result"],
             vectors=vectors or None,
             started_at=datetime.fromisoformat(started) if started else None,
@@ -125,10 +129,11 @@ class Notice:
         )
 
 
-def notice_of(outcome: Outcome, finished_at: datetime) -> bytes:
-    """The notification of a stored success: its Notice, or a bare hint when it is large."""
+def notice_of(outcome: Outcome, finished_at: datetime, *, stored: bool = True) -> bytes:
+    """The notification of a success: its Notice, or a bare hint when it is large."""
     result, vectors = split_result(outcome.result)
     notice = Notice(
+        stored=stored,
         result=result,
         vectors=vectors,
         started_at=outcome.started_at or finished_at,
@@ -158,14 +163,25 @@ def _publish_each_script(client: redis.Redis) -> Script:
     return _publish_each[1]
 
 
+def answer_before_store(succeeded: Sequence[Outcome]) -> None:
+    """Announce realtime successes with their outcome before they are stored (their notice
+    says so): a front-door client waiting on one has its answer a store sooner. `succeeded`
+    name the backend their store will record. Nothing
+    accepted is lost by it: should the store not happen (the worker dies, its claim is taken
+    over), the job runs again and is stored then. A REST waiter waits for the stored notice,
+    so what it answers is what a read of the job gives next."""
+    if succeeded:
+        notify_finished([o.job.pk for o in succeeded], succeeded, stored=False)
+
+
 def notify_finished(
-    job_ids: Iterable[str | uuid.UUID], stored: Sequence[Outcome] = ()
+    job_ids: Iterable[str | uuid.UUID], outcomes: Sequence[Outcome] = (), *, stored: bool = True
 ) -> None:
-    """Tell anyone waiting that these jobs reached a final status; `stored`: the successes
-    among them, announced with their outcome. Never raises: the outcome is already stored,
-    and a waiter that misses this re-reads the job on its own."""
+    """Tell anyone waiting that these jobs reached a final status; `outcomes`: the successes
+    among them, announced with their outcome (`stored`: as their rows now hold it). Never
+    raises: a waiter that misses this re-reads the job on its own."""
     now = timezone.now()
-    notices = {str(o.job.pk): notice_of(o, now) for o in stored}
+    notices = {str(o.job.pk): notice_of(o, now, stored=stored) for o in outcomes}
     args: list = []
     for job_id in job_ids:
         args += [job_channel(job_id), notices.get(str(job_id), HINT)]
@@ -334,6 +350,7 @@ async def wait_for_final_job(
     timeout_s: float,
     subscription: Subscription | None = None,
     from_notice: Callable[[Notice], T] | None = None,
+    before_store: bool = False,
 ) -> T | None:
     """Return the final job, or None when `timeout_s` passes first.
 
@@ -342,7 +359,8 @@ async def wait_for_final_job(
     was submitted: then nothing can have been missed), once per notification that carries no
     outcome (a notification may be spurious: it is only a hint to look) and once per
     SAFETY_RECHECK_S. A notification with the job's outcome is answered by `from_notice`,
-    without a read.
+    without a read; one sent before the store only when `before_store` (the caller's answer
+    is not read back from the job), else the stored one that follows is waited for.
     """
     deadline = time.monotonic() + timeout_s
     read_first = subscription is None or not subscription.confirmed
@@ -355,7 +373,9 @@ async def wait_for_final_job(
             data = await subscription.next(min(left_s, SAFETY_RECHECK_S))
             notice = Notice.decode(data) if data and from_notice is not None else None
             if notice is not None:
-                return from_notice(notice)
+                if notice.stored or before_store:
+                    return from_notice(notice)
+                continue  # its store's notice follows
             if (job := await read_final_job()) is not None:
                 return job
         return None

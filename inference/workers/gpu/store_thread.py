@@ -12,12 +12,14 @@ from dataclasses import dataclass, replace
 
 from django.db import connections
 
+from inference.delivery.waiting import answer_before_store
 from inference.dispatch.publishing import dead_letter
 from inference.dispatch.settlement import (
     local_attempts,
     record_local_throughput,
     settle_attempts,
 )
+from inference.jobs.tiers import Tier
 from inference.jobs.transitions import Claim, Outcome
 from inference.metrics.events import observe_batch, observe_time_to_first_token
 from inference.models import Service
@@ -27,6 +29,7 @@ from inference.workers.gpu.ledger import MessageLedger
 from inference.workers.gpu.report import BatchReport
 from renq_site import tracing
 from renq_site.db_sessions import close_old_connections_checked_once_a_second
+from routing.router import route_entries
 
 # One per process, so the worker holds one more Postgres session, not one per task. Storing
 # on the loop's thread would put each store between two claims on the path to the next pass.
@@ -105,6 +108,8 @@ class OutcomeWriter:
             if outcome.result and "first_token_ms" in outcome.result:
                 observe_time_to_first_token(service.name, outcome.result["first_token_ms"] / 1000)
             by_claim.setdefault(held.claim.token, (held.claim, []))[1].append(outcome)
+        # Before the store is even handed over: the waiting front door answers now.
+        answer_before_store(self._realtime_answers(service, finished))
         write = None
         if finished:
             span = tracing.start_batch_span(
@@ -142,6 +147,25 @@ class OutcomeWriter:
         # Statistics after the outcomes: a job is finished before its batch is counted.
         observe_batch(storing.service, storing.outcomes)
         record_local_throughput(storing.outcomes)
+
+    @staticmethod
+    def _realtime_answers(service: Service, finished: list[tuple[Held, Outcome]]) -> list:
+        """The realtime successes, each named by the backend its store will record (from the
+        cached route; one whose backend is not there waits for its store's notice)."""
+        answers = []
+        names: dict[int, str] | None = None
+        for held, outcome in finished:
+            if outcome.result is None or held.job.tier != Tier.REALTIME:
+                continue
+            backend_id = held.claim.route_backend_ids.get(held.job.pk)
+            if backend_id is not None:
+                if names is None:
+                    names = {e.backend_id: e.backend.name for e in route_entries(service.pk)}
+                if backend_id not in names:
+                    continue
+                outcome = replace(outcome, backend=names[backend_id])
+            answers.append(outcome)
+        return answers
 
     def _whole(self, held: Held, outcome: Outcome) -> Outcome:
         """The outcome of a generation over all of its passes (its last one's otherwise)."""

@@ -104,3 +104,32 @@ def test_a_waiter_whose_job_is_never_announced_re_reads_and_times_out():
 
     assert asyncio.run(scenario()) is None
     assert len(reads) >= 2  # once after subscribing, once when the wait ran out
+
+
+def test_only_a_waiter_that_does_not_read_the_job_back_takes_an_answer_before_its_store():
+    from inference.delivery.waiting import answer_before_store, subscribe
+
+    outcome = _outcome({"scores": [0.5]})
+
+    async def wait(before_store: bool) -> list[bool]:
+        subscription = await subscribe(outcome.job.pk)
+        waiting = asyncio.create_task(
+            wait_for_final_job(
+                outcome.job.pk,
+                read_final_job=lambda: asyncio.sleep(0),  # never final when read
+                timeout_s=2,
+                subscription=subscription,
+                from_notice=lambda notice: notice.stored,
+                before_store=before_store,
+            )
+        )
+        await asyncio.to_thread(answer_before_store, [outcome])
+        await asyncio.sleep(0.1)
+        answered_early = waiting.done()
+        await asyncio.to_thread(notify_finished, [outcome.job.pk], [outcome])
+        return [answered_early, await waiting]
+
+    # The front door answers from the notice sent before the store.
+    assert asyncio.run(wait(before_store=True)) == [True, False]
+    # A REST waiter answers what a read gives next: from the stored notice.
+    assert asyncio.run(wait(before_store=False)) == [False, True]

@@ -1,0 +1,66 @@
+"""A realtime success is announced before its row is stored, then again once stored."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from inference.delivery.waiting import Notice, job_channel
+from inference.engines.noop import NoopEngine
+from inference.jobs.transitions import Outcome
+from inference.models import Job, JobStatus
+from inference.scheduling.cost_model import BatchCostModel
+from inference.workers.gpu.held import Held
+from inference.workers.gpu.ledger import MessageLedger
+from inference.workers.gpu.report import BatchReport
+from inference.workers.gpu.store_thread import OutcomeWriter
+from renq_site.shared_redis import shared_redis
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _notifications(pubsub, timeout_s: float = 0.5) -> list[bytes]:
+    heard = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        message = pubsub.get_message(ignore_subscribe_messages=True, timeout=0.1)
+        if message is not None:
+            heard.append(message["data"])
+    return heard
+
+
+def _stored_while_heard(tier: str, make_tenant, make_service) -> tuple[list[bytes], Job]:
+    tenant, _ = make_tenant()
+    service = make_service("noop", name=f"answer-{tier}")
+    job = Job.objects.create(tenant=tenant, service=service, tier=tier, input={"texts": ["x"]})
+    claim = Job.objects.claim([job.pk], worker="w")
+    pubsub = shared_redis().pubsub()
+    pubsub.subscribe(job_channel(job.pk))
+    pubsub.get_message(timeout=2)  # the subscription's confirmation
+    writer = OutcomeWriter(
+        NoopEngine("none"),
+        BatchCostModel(service.name, "cpu"),
+        ledger=MessageLedger(None, service.name),
+        report=BatchReport(),
+    )
+    try:
+        outcome = Outcome(job=claim.jobs[0], result={"count": 1}, batch_size=1, tokens=1)
+        writer.write([Held(claim.jobs[0], claim)], [outcome], service)
+        writer.written()  # the store thread's write is done
+        return _notifications(pubsub), Job.objects.get(pk=job.pk)
+    finally:
+        pubsub.close()
+
+
+def test_a_realtime_success_is_announced_before_and_after_its_store(make_tenant, make_service):
+    heard, job = _stored_while_heard("realtime", make_tenant, make_service)
+    notices = [Notice.decode(data) for data in heard]
+    assert [(n.stored, n.result) for n in notices] == [(False, {"count": 1}), (True, {"count": 1})]
+    assert (job.status, job.result) == (JobStatus.SUCCEEDED, {"count": 1})
+
+
+def test_a_batch_success_is_announced_once_stored(make_tenant, make_service):
+    heard, job = _stored_while_heard("batch", make_tenant, make_service)
+    assert [Notice.decode(data).stored for data in heard] == [True]
+    assert job.status == JobStatus.SUCCEEDED
