@@ -11,12 +11,12 @@ mean job, kept beside the clock (one sized by each tenant's own jobs favoured la
 RabbitMQ serves a priority queue highest level first and in arrival order within a level, and
 a message's level is fixed once it is out. So a submission to a worker tier queue below
 realtime whose start lies a quantum or more beyond V is held back: its jobs wait in Postgres
-with their start tag, and workers release the held start tags one quantum at a time as V
+with their start tag, and workers release the held start tags a few quanta at a time as V
 nears them (publishing.release_held), one level under the top, with the submissions that start
 within a quantum of V. What RabbitMQ holds there lies within about a quantum of start tags,
 where arrival order is close to start-tag order. A tenant with no work ahead of V starts at V,
 before all of them, and goes at the top level: it waits for the pass that runs, not for the
-others' backlogs. A queue that runs short gets the next quantum at once, so the share is
+others' backlogs. A queue that runs short gets the next start tags at once, so the share is
 work-conserving: a lone tenant gets the whole worker.
 
 Messages that are not held (realtime, cloud calls, work published again) go at a band: the top
@@ -49,8 +49,6 @@ MEAN_STEP = 0.05
 # A submission whose start lies this many quanta beyond the virtual time is held back; held
 # work is released once its earliest start tag is within this of V.
 HOLD_AHEAD = 1.0
-# A worker that finds fewer messages than this left in a tier queue releases held work.
-SHORT_QUEUE = 4
 # A queue no worker has taken from for this long holds nothing back: no take would come to
 # release it (no worker yet, or one stuck in a long pass), and the sweeper's backstop is slow.
 TAKEN_RECENTLY_S = 5

@@ -217,15 +217,20 @@ def publish_task(
 
 
 def _send(target: Destination, jobs: Sequence[Job], tag: fair_share.Tag | None) -> bool:
-    job_ids = [str(job.pk) for job in jobs]
-    args = list(target.args) if len(jobs) == 1 else [job_ids]
-    priority, headers = target.priority, None
-    if tag is not None:
-        priority, headers = tag.priority, {fair_share.START_TAG_HEADER: tag.start}
     # A realtime message skips RabbitMQ's disk (its fsync is on the confirm's path): should
     # RabbitMQ restart, the row in Postgres outlives it and the lost-message sweep publishes
     # it again, by when a realtime job has mostly passed its queue_timeout anyway.
     persistent = any(job.tier != Tier.REALTIME for job in jobs)
+    return _send_ids(target, [str(job.pk) for job in jobs], tag, persistent=persistent)
+
+
+def _send_ids(
+    target: Destination, job_ids: list[str], tag: fair_share.Tag | None, *, persistent: bool
+) -> bool:
+    args = list(target.args) if len(job_ids) == 1 else [job_ids]
+    priority, headers = target.priority, None
+    if tag is not None:
+        priority, headers = tag.priority, {fair_share.START_TAG_HEADER: tag.start}
     try:
         with tracing.span("renq.publish", SpanKind.PRODUCER, queue=target.queue, job_ids=job_ids):
             publish_task(
@@ -239,8 +244,8 @@ def _send(target: Destination, jobs: Sequence[Job], tag: fair_share.Tag | None) 
     except Exception:  # noqa: BLE001 - any broker failure leaves the job for the sweeper
         logger.warning(
             "publishing %d job(s) (%s…) to %s failed; the sweeper will retry",
-            len(jobs),
-            jobs[0].pk,
+            len(job_ids),
+            job_ids[0],
             target.queue,
             exc_info=True,
         )
@@ -307,8 +312,11 @@ def _hold_back(held: list[tuple[list[Job], float]]) -> bool:
     return True
 
 
-# One release publishes at most this many of the service's batches.
+# One release publishes at most this many of the service's batches, and the held start tags
+# up to RELEASE_QUANTA quanta beyond the virtual time: the next release is due only after V
+# moved about that far, so a drained backlog costs a release every few batches.
 RELEASE_BATCHES = 4
+RELEASE_QUANTA = 3
 # Released work goes one level under the top, with the submissions starting within a quantum
 # of V; the top is for a tenant with no work ahead of V, whose start V precedes them all.
 RELEASED_PRIORITY = queues.MAX_PRIORITY - 1
@@ -325,15 +333,18 @@ def holds_back(service_name: str, tier: Tier) -> bool:
 
 
 def release_held(service_name: str, tier: Tier, clock: fair_share.Clock | None = None) -> int:
-    """Publish the next quantum of start tags held back from the tier queue: those within one
-    quantum of the virtual time, or, when none is, of the earliest held start tag (the queue
-    runs short and that one's turn is next); at most RELEASE_BATCHES of the service's
-    batches. All go at one level (RELEASED_PRIORITY): what is out then lies within about a
-    quantum of start tags, where arrival order is start-tag order, and nothing released
-    sinks below later released work. Notes the earliest start tag still held. Returns the
-    jobs published. Concurrent releases take different jobs (SKIP LOCKED); a publish that
-    fails leaves its jobs to the outbox. Without Redis's clock the earliest held go, at the
-    plan's priority."""
+    """Publish the work held back from the tier queue whose start tags lie within
+    RELEASE_QUANTA quanta of the virtual time, or, when none does, of the earliest held one
+    (the queue runs short and that one's turn is next); at most RELEASE_BATCHES of the
+    service's batches. A tenant's released jobs travel together, in start-tag order; all go
+    at one level (RELEASED_PRIORITY): what is out then lies within a few quanta of start
+    tags, where arrival order is close to start-tag order, and nothing released sinks below
+    later released work. Notes the earliest start tag still held. Returns the jobs published.
+    Concurrent releases take different jobs (SKIP LOCKED); a publish that fails leaves its
+    jobs to the outbox. Without Redis's clock the earliest held go, at the plan's priority.
+
+    Held jobs are bound for the tier queue of a worker (only those are held), so they are
+    published from their ids, without loading them."""
     queue = queues.tier_queue(service_name, tier)
     batch_size = (
         Service.objects.filter(name=service_name).values_list("batch_size", flat=True).first()
@@ -347,36 +358,36 @@ def release_held(service_name: str, tier: Tier, clock: fair_share.Clock | None =
             _held_in(service_name, tier)
             .select_for_update(skip_locked=True, of=("self",))
             .order_by("held_start", "created_at")
-            .values_list("pk", "held_start")[: limit + 1]
+            .values_list("pk", "held_start", "tenant_id", "message_priority")[: limit + 1]
         )
         if rows and clock is not None:
-            window_end = max(clock.virtual_time, rows[0][1]) + clock.quantum
-            within = [row for row in rows if row[1] < window_end]
+            window_end = max(clock.virtual_time, rows[0][1]) + RELEASE_QUANTA * clock.quantum
+            taken = [row for row in rows[:limit] if row[1] < window_end]
         else:
-            within = rows
-        taken = dict(within[:limit])
-        Job.objects.filter(pk__in=list(taken)).mark_published()
+            taken = rows[:limit]
+        Job.objects.filter(pk__in=[row[0] for row in taken]).mark_published()
     fair_share.note_held(queue, rows[len(taken)][1] if len(rows) > len(taken) else None)
-    if not taken:
-        return 0
-    jobs = Job.objects.filter(pk__in=list(taken)).select_related(
-        "service", "tenant", "route__backend"
-    )
-    messages: dict[tuple[int, float], list[Job]] = {}
-    for job in sorted(jobs, key=lambda job: (taken[job.pk], job.created_at)):
-        messages.setdefault((job.tenant_id, taken[job.pk]), []).append(job)
+    per_message = jobs_per_message(batch_size)
+    by_tenant: dict[int, list[tuple]] = {}
+    for row in taken:
+        by_tenant.setdefault(row[2], []).append(row)
+    messages = [
+        tenant_rows[first : first + per_message]
+        for tenant_rows in by_tenant.values()
+        for first in range(0, len(tenant_rows), per_message)
+    ]
     sent = 0
     unsent: list = []
-    for (_, start), group in sorted(messages.items(), key=lambda item: item[0][1]):
-        per_message = jobs_per_message(group[0].service.batch_size)
-        for first in range(0, len(group), per_message):
-            chunk = group[first : first + per_message]
-            target = destination(chunk[0])
-            priority = target.priority if clock is None else RELEASED_PRIORITY
-            if unsent or not _send(target, chunk, fair_share.Tag(start, priority)):
-                unsent.extend(job.pk for job in chunk)
-            else:
-                sent += len(chunk)
+    for message in sorted(messages, key=lambda message: message[0][1]):
+        ids = [str(row[0]) for row in message]
+        start = message[0][1]
+        priority = message[0][3] if clock is None else RELEASED_PRIORITY
+        target = Destination(RUN_JOB_TASK, (ids[0],), queue, priority)
+        tag = fair_share.Tag(start, priority)
+        if unsent or not _send_ids(target, ids, tag, persistent=True):
+            unsent.extend(row[0] for row in message)
+        else:
+            sent += len(message)
     if unsent:
         _unmark(unsent)
     return sent

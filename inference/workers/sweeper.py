@@ -283,7 +283,7 @@ def _hand_on_stranded(rows, reason: str, dead_claims_before, cascade: FallbackCa
 
 
 def release_unfed_held() -> int:
-    """The next quantum of work held back from a tier queue that holds no message is
+    """The next start tags of work held back from a tier queue that holds no message are
     released: workers release held work as they take from a queue, and this covers a queue
     nobody took from since (no worker started yet, or all stopped). Returns the jobs
     released."""

@@ -16,6 +16,7 @@ from django.db import DatabaseError
 from django.utils import timezone
 
 from inference.dispatch import fair_share
+from inference.dispatch.fair_share import Clock
 from inference.dispatch.publishing import dead_letter, holds_back, publish_many, release_held
 from inference.dispatch.queues import tier_queue
 from inference.jobs.tiers import Tier
@@ -26,8 +27,15 @@ from inference.workers.gpu.held import Held
 from inference.workers.gpu.ledger import MessageLedger
 from inference.workers.gpu.line import Line
 from inference.workers.gpu.report import BatchReport
-from inference.workers.tier_reader import PulledMessage, ReaderPool, TierQueueReader
+from inference.workers.gpu.store_thread import beside_stores
+from inference.workers.tier_reader import (
+    PulledMessage,
+    ReaderPool,
+    TierQueueReader,
+    WeightedShare,
+)
 from renq_site import tracing
+from renq_site.db_sessions import close_old_connections_checked_once_a_second
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +43,32 @@ logger = logging.getLogger(__name__)
 # Redis noted none for (see Intake._advance_fair_share); queue → when next (monotonic).
 HELD_LOOK_S = 1.0
 _next_held_look: dict[str, float] = {}
+
+
+# Queues whose release waits on the store thread: one at a time each.
+_releasing: set[str] = set()
+
+
+def _release_soon(service_name: str, tier: Tier, clock: Clock | None, *, look: bool) -> None:
+    """Release held work on the store thread (a few Postgres round trips and publishes):
+    not on the loop's, where it would lengthen forming and so form the next batch earlier.
+    `look`: Redis noted none, so first ask Postgres whether any is held."""
+    queue = tier_queue(service_name, tier)
+    if queue in _releasing:
+        return
+    _releasing.add(queue)
+
+    def release() -> None:
+        try:
+            close_old_connections_checked_once_a_second()
+            if not look or holds_back(service_name, tier):
+                release_held(service_name, tier, clock)
+        except Exception:  # noqa: BLE001 - held work stays held: a later pull or the sweep
+            logger.warning("could not release held work of %s", queue, exc_info=True)
+        finally:
+            _releasing.discard(queue)
+
+    beside_stores(release)
 
 
 def note_claim(claim: Claim, report: BatchReport) -> None:
@@ -74,6 +108,7 @@ class Intake:
         *,
         readers: ReaderPool | None,
         service_name: str,
+        batch_size: int,
         worker: str,
         pull_until: float,
         line: Line,
@@ -84,6 +119,7 @@ class Intake:
         self._pull_until = pull_until  # time.monotonic()'s; after it only realtime work
         self._readers = readers
         self._service_name = service_name
+        self._batch_size = batch_size
         self._worker = worker
         self._line = line
         self._ledger = ledger
@@ -144,7 +180,9 @@ class Intake:
         self._advance_fair_share(pulled, short=empty)
         return pulled
 
-    def _advance_fair_share(self, pulled: list[PulledMessage], *, short: set[Tier]) -> None:
+    def _advance_fair_share(
+        self, pulled: list[PulledMessage], *, short: set[Tier], ending: bool = False
+    ) -> None:
         """The tier queues' fair-share clocks move up to the start tags just taken; then work
         held back from them is released where its turn nears, or where a queue runs short
         (`short`: the tiers found empty) with held work noted in Redis. A short queue with
@@ -159,14 +197,16 @@ class Intake:
             start = (pm.message.headers or {}).get(fair_share.START_TAG_HEADER)
             if start is not None:
                 taken[queue] = max(float(start), taken.get(queue) or 0.0)
-            if pm.tier != Tier.REALTIME and (pm.left_in_queue or 0) < fair_share.SHORT_QUEUE:
+            # Fewer than two batches' jobs left, counting messages like this one.
+            left = (pm.left_in_queue or 0) * len(pm.job_ids)
+            if pm.tier != Tier.REALTIME and left < 2 * self._batch_size:
                 short.add(pm.tier)
         now = time.monotonic()
         looks: set[str] = set()
         for tier in short:
             queue = tier_queue(self._service_name, tier)
             tiers[queue] = tier
-            if queue in taken or now >= _next_held_look.get(queue, 0.0):
+            if ending or queue in taken or now >= _next_held_look.get(queue, 0.0):
                 taken.setdefault(queue, None)
             if now >= _next_held_look.get(queue, 0.0):
                 _next_held_look[queue] = now + HELD_LOOK_S
@@ -177,16 +217,20 @@ class Intake:
         for queue, tier in tiers.items():
             clock = clocks.get(queue)
             noted = clock is not None and clock.earliest_held is not None
-            try:
-                if (
-                    (clock is not None and clock.release_due)
-                    or (tier in short and noted)
-                    or (queue in looks and not noted and holds_back(self._service_name, tier))
-                ):
-                    release_held(self._service_name, tier, clock)
-            except DatabaseError:
-                # Held work stays held: the next pull, or the sweeper, releases it.
-                logger.warning("could not release held work of %s", queue, exc_info=True)
+            if (
+                (clock is not None and clock.release_due)
+                or (tier in short and noted)
+                or (queue in looks and not noted)
+            ):
+                _release_soon(self._service_name, tier, clock, look=not noted)
+
+    def release_before_idle(self) -> None:
+        """The run ends: work held back from the tier queues below realtime is released
+        where Redis notes some (or, at most every HELD_LOOK_S, where Postgres holds some), so
+        that a message starts the next run."""
+        if self.reader is None:
+            return  # nothing could be published either; the sweeper releases it later
+        self._advance_fair_share([], short=set(WeightedShare.TIERS), ending=True)
 
     def hand_back(self, held: list[Held]) -> int:
         """Claimed jobs no pass of this worker has started go back to their queues, each

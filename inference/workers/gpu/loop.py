@@ -77,6 +77,7 @@ class DrainLoop:
             reader,
             readers=readers,
             service_name=service.name,
+            batch_size=service.batch_size,
             worker=worker,
             pull_until=time.monotonic() + DRAIN_LIMIT_S,
             line=self.line,

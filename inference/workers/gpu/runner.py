@@ -92,4 +92,7 @@ class BatchRunner:
         # Every job ran or was handed back, so none should be left; should one be (a hand-back
         # Postgres refused halfway), its message goes back rather than stay unacked here.
         loop.ledger.requeue(loop.ledger.unsettled())
+        # Nothing left to pull: work held back for its fair-share turn goes out now, or no
+        # message would start the next task.
+        loop.intake.release_before_idle()
         return report.as_dict()

@@ -7,6 +7,7 @@ is done, and at most one write is in flight.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -60,6 +61,12 @@ def write_outcomes(by_claim: list[tuple[Claim, list[Outcome]]]) -> list[Outcome]
             all_failed_trips_breaker=True,
         )
     return stored
+
+
+def beside_stores(work: Callable[[], object]) -> Future:
+    """Run `work` on the store thread, between two stores: Postgres work that must not hold
+    up forming the next batch (a release of held-back work)."""
+    return _outcome_writer.submit(work)
 
 
 def close_outcome_writer_connection() -> None:

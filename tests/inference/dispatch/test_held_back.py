@@ -81,16 +81,17 @@ def test_held_work_is_released_earliest_start_first_whoever_sent_it_first(
     late = submit(second, 10)  # the same starts, sent after all of the first tenant's
     purge_test_queues([QUEUE])  # what went out at once is taken
 
-    # The next quantum of start tags: 10, of each tenant; not the first tenant's next by arrival.
-    assert release_held(SERVICE, "batch") == 2
+    # The earliest start tags, 10 and 20 of each tenant (four of the service's one-job
+    # batches), not the first tenant's next four by arrival.
+    assert release_held(SERVICE, "batch") == 4
     still_held = set(Job.objects.held_back().values_list("pk", flat=True))
-    assert still_held == {job.pk for job in early[2:] + late[2:]}
-    assert ready() == 2
-    assert fair_share.clock(QUEUE).earliest_held == 20
-    fair_share.advance({QUEUE: 10.0})  # a worker took them
-    assert release_held(SERVICE, "batch") == 2
+    assert still_held == {job.pk for job in early[3:] + late[3:]}
+    assert ready() == 2  # a message per tenant
+    assert fair_share.clock(QUEUE).earliest_held == 30
+    fair_share.advance({QUEUE: 20.0})  # a worker took them
+    assert release_held(SERVICE, "batch") == 4
     assert set(Job.objects.held_back().values_list("pk", flat=True)) == {
-        job.pk for job in early[3:] + late[3:]
+        job.pk for job in early[5:] + late[5:]
     }
 
 
@@ -99,10 +100,10 @@ def test_the_sweeper_releases_held_work_of_a_queue_nobody_takes_from(served_serv
     submit(tenant, 10)
     purge_test_queues([QUEUE])  # the one that went out was taken; no worker takes more
 
-    assert release_unfed_held() == 1  # the next quantum: one job here
-    assert ready() == 1
+    assert release_unfed_held() == 3  # start tags 10 to 30: three quanta of one job here
+    assert ready() == 1  # one message
     assert release_unfed_held() == 0  # the queue holds a message again
-    assert Job.objects.held_back().count() == 8
+    assert Job.objects.held_back().count() == 6
 
 
 def test_nothing_is_held_from_a_queue_no_worker_has_taken_from(make_service, make_tenant):

@@ -51,6 +51,7 @@ def test_messages_pulled_before_a_failure_go_back_to_their_queue():
         FailingReader(message),
         readers=None,
         service_name="s",
+        batch_size=8,
         worker="w",
         pull_until=time.monotonic() + 60,
         line=Line(WeightedShare({"api": 5, "batch": 3, "offline": 2})),
