@@ -20,8 +20,8 @@ waits), in one run:
 
 Between phases the leftovers are cancelled, the queues purged and the fair-share tags of the
 service's queues deleted (in a service that drained its backlog, the virtual time would have
-caught up with every finish tag). Position/ETA of queued jobs (issue 27 item 6) is not built
-yet: not measured here.
+caught up with every finish tag). Position/ETA of queued jobs (issue 27 item 6) is measured
+by `make bench` in tests/inference/dispatch/test_wait_prediction.py, not here.
 """
 
 from __future__ import annotations
