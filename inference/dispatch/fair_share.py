@@ -74,19 +74,19 @@ for i = 1, #KEYS, 6 do
   redis.call('SET', KEYS[i + 2], tostring(mean), 'EX', ttl)
   local quantum = math.max(math.min(tonumber(ARGV[a + 3]), tonumber(ARGV[a + 2]) * mean), 1)
   redis.call('SET', KEYS[i + 3], tostring(quantum), 'EX', ttl)
-  local held = 0
+  local holding = 0
   if ARGV[a + 4] == '1' and redis.call('EXISTS', KEYS[i + 5]) == 1 then
-    held = 1
+    holding = 1
     if s - v >= HOLD_AHEAD * quantum then
       local earliest = tonumber(redis.call('GET', KEYS[i + 4]) or 'inf')
       if s < earliest then redis.call('SET', KEYS[i + 4], tostring(s), 'EX', ttl) end
-      held = 2
+      holding = 2
     end
   end
   out[#out + 1] = tostring(s)
   out[#out + 1] = tostring(v)
   out[#out + 1] = tostring(quantum)
-  out[#out + 1] = tostring(held)
+  out[#out + 1] = tostring(holding)
 end
 return out
 """.replace("MEAN_STEP", repr(MEAN_STEP)).replace("HOLD_AHEAD", repr(HOLD_AHEAD))
@@ -152,9 +152,6 @@ class Clock:
     virtual_time: float
     quantum: float
     earliest_held: float | None
-
-    def band(self, start: float, top: int) -> int:
-        return band(start - self.virtual_time, self.quantum, top)
 
     @property
     def release_due(self) -> bool:

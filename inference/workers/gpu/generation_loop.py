@@ -38,18 +38,14 @@ from inference.scheduling.cost_model import BatchCostModel
 from inference.workers.cpu_pinning import pin_model_thread
 from inference.workers.gpu.held import Held, engine_payload
 from inference.workers.gpu.intake import Intake
-from inference.workers.gpu.ledger import MessageLedger
-from inference.workers.gpu.line import Line
 from inference.workers.gpu.loop import COST_MODEL_REUSE_S, DRAIN_LIMIT_S
 from inference.workers.gpu.report import BatchReport
 from inference.workers.gpu.store_thread import OutcomeWriter
 from inference.workers.tier_reader import (
     BROKER_ERRORS,
-    DEFAULT_WEIGHTS,
     PulledMessage,
     ReaderPool,
     TierQueueReader,
-    WeightedShare,
 )
 
 logger = logging.getLogger(__name__)
@@ -90,19 +86,15 @@ class GenerationLoop:
     ):
         self.service = service
         self.report = report
-        self.ledger = MessageLedger(readers, service.name)
-        self.line = Line(reader.share if reader is not None else WeightedShare(DEFAULT_WEIGHTS))
-        self.intake = Intake(
+        self.intake = Intake.for_run(
+            service,
             reader,
             readers=readers,
-            service_name=service.name,
-            batch_size=service.batch_size,
             worker=worker,
-            pull_until=time.monotonic() + DRAIN_LIMIT_S,
-            line=self.line,
-            ledger=self.ledger,
             report=report,
+            drain_limit_s=DRAIN_LIMIT_S,
         )
+        self.ledger, self.line = self.intake.ledger, self.intake.line
         cost_model = BatchCostModel(service.name, engine.device, reuse_s=COST_MODEL_REUSE_S)
         self.writer = OutcomeWriter(engine, cost_model, ledger=self.ledger, report=report)
         self._engine = engine

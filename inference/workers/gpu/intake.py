@@ -21,7 +21,7 @@ from inference.dispatch.publishing import dead_letter, holds_back, publish_many,
 from inference.dispatch.queues import tier_queue
 from inference.jobs.tiers import Tier
 from inference.jobs.transitions import Claim
-from inference.models import Job
+from inference.models import Job, Service
 from inference.scheduling.batch_window import BatchWindow
 from inference.workers.gpu.held import Held
 from inference.workers.gpu.ledger import MessageLedger
@@ -29,6 +29,7 @@ from inference.workers.gpu.line import Line
 from inference.workers.gpu.report import BatchReport
 from inference.workers.gpu.store_thread import beside_stores
 from inference.workers.tier_reader import (
+    DEFAULT_WEIGHTS,
     PulledMessage,
     ReaderPool,
     TierQueueReader,
@@ -125,6 +126,39 @@ class Intake:
         self._ledger = ledger
         self._report = report
 
+    @classmethod
+    def for_run(
+        cls,
+        service: Service,
+        reader: TierQueueReader | None,
+        *,
+        readers: ReaderPool | None,
+        worker: str,
+        report: BatchReport,
+        drain_limit_s: float,
+    ) -> Intake:
+        """One run's intake, with the run's ledger of pulled messages and its line of claimed
+        jobs (ordered by the reader's tier share)."""
+        return cls(
+            reader,
+            readers=readers,
+            service_name=service.name,
+            batch_size=service.batch_size,
+            worker=worker,
+            pull_until=time.monotonic() + drain_limit_s,
+            line=Line(reader.share if reader is not None else WeightedShare(DEFAULT_WEIGHTS)),
+            ledger=MessageLedger(readers, service.name),
+            report=report,
+        )
+
+    @property
+    def line(self) -> Line:
+        return self._line
+
+    @property
+    def ledger(self) -> MessageLedger:
+        return self._ledger
+
     @property
     def pulling(self) -> bool:
         """Messages may still be pulled: the broker is there and the drain limit not past."""
@@ -206,11 +240,12 @@ class Intake:
         for tier in short:
             queue = tier_queue(self._service_name, tier)
             tiers[queue] = tier
-            if ending or queue in taken or now >= _next_held_look.get(queue, 0.0):
-                taken.setdefault(queue, None)
-            if now >= _next_held_look.get(queue, 0.0):
+            look = now >= _next_held_look.get(queue, 0.0)
+            if look:
                 _next_held_look[queue] = now + HELD_LOOK_S
                 looks.add(queue)
+            if look or ending:
+                taken.setdefault(queue, None)  # its clock says whether work is held
         if not taken:
             return
         clocks = fair_share.advance(taken)

@@ -27,13 +27,10 @@ from inference.scheduling.cost_model import BatchCostModel
 from inference.workers.gpu.former import BatchFormer
 from inference.workers.gpu.held import PART_RUN, Held, Resume, left_unfinished
 from inference.workers.gpu.intake import Intake
-from inference.workers.gpu.ledger import MessageLedger
-from inference.workers.gpu.line import Line
 from inference.workers.gpu.model_thread import ModelThread
 from inference.workers.gpu.report import BatchReport
 from inference.workers.gpu.store_thread import OutcomeWriter
 from inference.workers.tier_reader import (
-    DEFAULT_WEIGHTS,
     ReaderPool,
     TierQueueReader,
     WeightedShare,
@@ -71,19 +68,15 @@ class DrainLoop:
         report: BatchReport,
     ):
         self.report = report
-        self.ledger = MessageLedger(readers, service.name)
-        self.line = Line(reader.share if reader is not None else WeightedShare(DEFAULT_WEIGHTS))
-        self.intake = Intake(
+        self.intake = Intake.for_run(
+            service,
             reader,
             readers=readers,
-            service_name=service.name,
-            batch_size=service.batch_size,
             worker=worker,
-            pull_until=time.monotonic() + DRAIN_LIMIT_S,
-            line=self.line,
-            ledger=self.ledger,
             report=report,
+            drain_limit_s=DRAIN_LIMIT_S,
         )
+        self.ledger, self.line = self.intake.ledger, self.intake.line
         # One per task: a task starts from what every worker has stored, so a chunked
         # generation is not sized on another task's stale prediction.
         cost_model = BatchCostModel(service.name, engine.device, reuse_s=COST_MODEL_REUSE_S)
