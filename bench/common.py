@@ -283,6 +283,18 @@ class JsonPoster:
             self._local.connection = None
             raise
 
+    def get(self, path: str) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers, body) of a GET on the kept connection."""
+        connection = self._connection()
+        try:
+            connection.request("GET", path, headers=self.headers)
+            response = connection.getresponse()
+            return response.status, dict(response.getheaders()), response.read()
+        except (http.client.HTTPException, OSError):
+            connection.close()
+            self._local.connection = None
+            raise
+
     def post(self, path: str, body) -> tuple[int, dict[str, str], bytes]:
         """(status, headers, body); once more on a new connection if the kept one was closed."""
         data = json.dumps(body).encode()

@@ -793,6 +793,27 @@ def _tenants_section(t: dict) -> list[str]:
                 f"{f'{jobs:,}' if isinstance(jobs, int) else '–'} | "
                 f"{_ms(fig, 'wait_p50_ms')} | {_ms(fig, 'wait_p99_ms')} |"
             )
+    eta = t.get("position_eta")
+    if isinstance(eta, dict) and isinstance(eta.get("all"), dict):
+        lines += [
+            "",
+            "Position/ETA: a queued job's predicted start (GET /api/v1/jobs/<id> right after "
+            "its POST) against its real start, absolute error:",
+            "",
+            "| jobs read back | error p50 | error p90 |",
+            "|---|---:|---:|",
+        ]
+        for name, key in (
+            ("all", "all"),
+            ("the flooding tenant's", "flooding_tenant"),
+            ("the quiet tenants'", "quiet_tenants"),
+        ):
+            fig = eta.get(key) or {}
+            jobs = fig.get("jobs")
+            lines.append(
+                f"| {name} ({jobs if isinstance(jobs, int) else '–'}) | "
+                f"{_ms(fig, 'error_p50_ms')} | {_ms(fig, 'error_p90_ms')} |"
+            )
     plans = t.get("plans")
     if not isinstance(plans, dict):
         # Percentiles do not add up across tenants: per plan, the jobs and the range of its

@@ -15,13 +15,15 @@ waits), in one run:
 4. contended: an `enterprise`, a `pro` and a `free` tenant all flood the batch tier (each
    asking for the tier its plan serves as batch), with 1-, 8- and 4-text jobs: served work
    per plan weight while all three are backlogged, Jain's index;
-5. free realtime flood: a `free` tenant sends realtime jobs from 8 clients while a `pro`
+5. position/ETA: a shorter flood beside the trickle, every accepted job read back at once
+   (GET /api/v1/jobs/<id>, as a polling client sees it) and its predicted start compared
+   with when the worker really started it, once the backlog has drained;
+6. free realtime flood: a `free` tenant sends realtime jobs from 8 clients while a `pro`
    tenant sends 15 `api` jobs: how many pro jobs succeed within queue_timeout.
 
 Between phases the leftovers are cancelled, the queues purged and the fair-share tags of the
 service's queues deleted (in a service that drained its backlog, the virtual time would have
-caught up with every finish tag). Position/ETA of queued jobs (issue 27 item 6) is measured
-by `make bench` in tests/inference/dispatch/test_wait_prediction.py, not here.
+caught up with every finish tag).
 """
 
 from __future__ import annotations
@@ -58,6 +60,10 @@ FLOOD_RATE = 60.0  # jobs/s offered by the flooding tenant, from FLOOD_THREADS
 FLOOD_THREADS = 8
 FLOOD_TEXTS = 8
 PRO_API_JOBS = 15
+# The position/ETA phase: a flood this long at ETA_FLOOD_RATE builds a backlog of a few
+# seconds that drains within the phase's wait.
+ETA_SEND_S = 6.0
+ETA_FLOOD_RATE = 40.0
 WEIGHTS_KEY = "weight"
 
 
@@ -98,11 +104,22 @@ def requested_for(plan: str, served: str) -> str:
 class Sender(threading.Thread):
     """Open loop: POSTs `make(i)` (a job, or a list of jobs) every `interval_s` until
     `stop_at`; counts answers by status. Paced, so a flood's offered rate is what was asked
-    for and does not depend on how fast the web answers."""
+    for and does not depend on how fast the web answers. With `read_back`, each accepted
+    single job is read back at once (GET) and its predicted start kept in `predicted`."""
 
-    def __init__(self, poster: JsonPoster, interval_s: float, make, *, offset_s: float = 0.0):
+    def __init__(
+        self,
+        poster: JsonPoster,
+        interval_s: float,
+        make,
+        *,
+        offset_s: float = 0.0,
+        read_back: bool = False,
+    ):
         super().__init__(daemon=True)
         self.poster, self.interval_s, self.make, self.offset_s = poster, interval_s, make, offset_s
+        self.read_back = read_back
+        self.predicted: dict[str, float] = {}
         self.t0 = time.time()
         self.stop_at = float("inf")
         self.statuses: Counter = Counter()
@@ -131,7 +148,20 @@ class Sender(threading.Thread):
                         self.ids += [j["id"] for j in body["jobs"] if j and "id" in j]
                     elif "id" in body:
                         self.ids.append(body["id"])
+            if status == 202 and self.read_back and "id" in body:
+                self._read_back(body["id"])
             i += 1
+
+    def _read_back(self, job_id: str) -> None:
+        import json
+
+        try:
+            status, _, answer = self.poster.get(f"/api/v1/jobs/{job_id}")
+        except OSError:
+            return
+        wait = json.loads(answer).get("wait") if status == 200 else None
+        if wait and wait.get("predicted_start"):  # None: already taken by the worker
+            self.predicted[job_id] = datetime.fromisoformat(wait["predicted_start"]).timestamp()
 
 
 def run_senders(senders: list[Sender], seconds: float) -> tuple[float, float]:
@@ -153,6 +183,7 @@ def flood_senders(
     priority: str,
     threads: int = FLOOD_THREADS,
     per_post: int = 1,
+    read_back: bool = False,
 ) -> list[Sender]:
     interval = threads * per_post / rate
 
@@ -164,17 +195,19 @@ def flood_senders(
         return body
 
     return [
-        Sender(poster, interval, make(k), offset_s=k * interval / threads) for k in range(threads)
+        Sender(poster, interval, make(k), offset_s=k * interval / threads, read_back=read_back)
+        for k in range(threads)
     ]
 
 
-def quiet_senders(posters: dict[str, JsonPoster]) -> dict[str, Sender]:
+def quiet_senders(posters: dict[str, JsonPoster], *, read_back: bool = False) -> dict[str, Sender]:
     return {
         name: Sender(
             poster,
             1 / QUIET_RATE,
             lambda i, name=name: job_body(f"{name}.{i}", 1, "batch"),
             offset_s=0.37 * n,
+            read_back=read_back,
         )
         for n, (name, poster) in enumerate(posters.items())
     }
@@ -280,6 +313,38 @@ def reset(service, tenants: list) -> None:
     time.sleep(0.5)
 
 
+def eta_errors(rs: list[dict], *, flood: list[Sender], quiet: list[Sender]) -> dict:
+    """|real start − predicted start| of the jobs read back while queued: p50 and p90, over
+    all of them and per kind of tenant."""
+    started = {str(r["id"]): r["started_at"] for r in rs if r["started_at"]}
+
+    def errors(senders: list[Sender]) -> list[float]:
+        return [
+            1000 * abs(started[job_id] - predicted)
+            for s in senders
+            for job_id, predicted in s.predicted.items()
+            if job_id in started
+        ]
+
+    def figures(errs: list[float]) -> dict:
+        return {"jobs": len(errs), "error_p50_ms": pct(errs, 50), "error_p90_ms": pct(errs, 90)}
+
+    flood_errs, quiet_errs = errors(flood), errors(quiet)
+    waits = [
+        1000 * (started[job_id] - r_created)
+        for job_id, r_created in ((str(r["id"]), r["created_at"]) for r in rs)
+        if job_id in started
+    ]
+    return {
+        "read_back": sum(len(s.predicted) for s in flood + quiet),
+        "all": figures(flood_errs + quiet_errs),
+        "flooding_tenant": figures(flood_errs),
+        "quiet_tenants": figures(quiet_errs),
+        "wait_p50_ms": pct(waits, 50),
+        "wait_p90_ms": pct(waits, 90),
+    }
+
+
 def backlog_sampler(service, tenant_ids: list[int], samples: list):
     """Queued jobs per tenant, one GROUP BY per call."""
     from django.db import connection
@@ -335,7 +400,6 @@ def run(*, quick: bool) -> dict:
             "times_a_quiet_tenant_texts": FLOOD_RATE * FLOOD_TEXTS / QUIET_RATE,
         },
         "plan_weights": {p: plan_weight(p) for p in ("enterprise", "pro", "free")},
-        "position_eta": "not built yet (issue 27 item 6): not measured",
     }
     with ProcessGroup() as procs:
         url = procs.web(free_port(), workers=2)
@@ -419,6 +483,19 @@ def run(*, quick: bool) -> dict:
             "left_queued": sum(r["status"] == "queued" for r in rs),
         }
         print(out["flood_beside_quiet"], flush=True)
+        reset(service, everyone)
+
+        print(f"== tenants: position/ETA beside a {ETA_SEND_S:.0f} s flood", flush=True)
+        fs = flood_senders(
+            flood_poster, "eta", rate=ETA_FLOOD_RATE, texts=FLOOD_TEXTS, priority="batch",
+            read_back=True,
+        )  # fmt: skip
+        qs = quiet_senders(quiet_posters, read_back=True)
+        t0, t1 = run_senders(fs + list(qs.values()), ETA_SEND_S)
+        sent = [i for s in fs + list(qs.values()) for i in s.ids]
+        wait_finished(Job.objects.filter(pk__in=sent), len(sent), timeout_s=120)
+        out["position_eta"] = eta_errors(rows(service, t0), flood=fs, quiet=list(qs.values()))
+        print(out["position_eta"], flush=True)
         reset(service, everyone)
 
         print(f"== tenants: enterprise, pro and free all flood batch ({phase_s:.0f} s)", flush=True)
@@ -574,6 +651,17 @@ def summary(t: dict) -> str:
             "  pro api jobs beside a free realtime flood: "
             f"{f['pro_succeeded_within_queue_timeout']} of {PRO_API_JOBS} "
             f"within {f['queue_timeout_s']} s",
-            "  position/ETA: not built yet, not measured",
+            _eta_line(t.get("position_eta")),
         ]
+    )
+
+
+def _eta_line(eta: dict | None) -> str:
+    if not eta:
+        return "  position/ETA: not measured"
+    a = eta["all"]
+    return (
+        f"  position/ETA: predicted vs real start of {a['jobs']} queued jobs, error p50 "
+        f"{a['error_p50_ms']:.0f} ms, p90 {a['error_p90_ms']:.0f} ms (their wait p50 "
+        f"{eta['wait_p50_ms']:.0f} ms, p90 {eta['wait_p90_ms']:.0f} ms)"
     )

@@ -96,6 +96,25 @@ def in_process_readers(service_name: str) -> Iterator:
         purge_test_queues(service_queues(service_name))
 
 
+def in_process_loop(service, readers):
+    """The worker's loop in this process, on the real broker and database."""
+    from inference.engines import load_engine
+    from inference.workers import worker_identity
+    from inference.workers.gpu.loop import DrainLoop
+    from inference.workers.gpu.model_thread import ModelThread
+    from inference.workers.gpu.report import BatchReport
+
+    return DrainLoop(
+        service,
+        load_engine("noop", service.model_ref, device="cpu"),
+        readers.get(service.name),
+        readers=readers,
+        model_thread=ModelThread(),
+        worker=worker_identity(),
+        report=BatchReport(),
+    )
+
+
 def purge_test_queues(names: list[str] | None = None) -> None:
     """Empty the suite's queues (or the named ones: a service a test made for itself, whose
     messages would otherwise still be there in the next run on this broker)."""

@@ -40,6 +40,9 @@ logger = logging.getLogger(__name__)
 
 # The message header that carries a message's start tag to the worker that takes it.
 START_TAG_HEADER = "renq_fair_start"
+# Set on a message whose tenant had no work ahead of the virtual time: a worker lets it into a
+# batch formed before it came (DrainLoop.fresh_first).
+FRESH_HEADER = "renq_fair_fresh"
 # A tenant idle this long starts afresh (its finish tag expires); longer than any backlog.
 TAG_TTL_S = 6 * 3600
 _PREFIX = "renq:fair:"
@@ -143,6 +146,7 @@ class Tag:
     start: float
     priority: int
     held: bool = False  # too far ahead of its queue's virtual time: held back, not published
+    fresh: bool = False  # its tenant had no work ahead: it starts at the virtual time
 
 
 @dataclass(frozen=True)
@@ -212,7 +216,7 @@ def tag_messages(charges: Sequence[Charge], *, top: int) -> list[Tag] | None:
             priority = top if start <= clock else top - 1
         else:
             priority = band(start - clock, quantum, top)
-        tags.append(Tag(start, priority, held=holding == 2))
+        tags.append(Tag(start, priority, held=holding == 2, fresh=start <= clock))
     return tags
 
 

@@ -231,6 +231,8 @@ def _send_ids(
     priority, headers = target.priority, None
     if tag is not None:
         priority, headers = tag.priority, {fair_share.START_TAG_HEADER: tag.start}
+        if tag.fresh:
+            headers[fair_share.FRESH_HEADER] = True
     try:
         with tracing.span("renq.publish", SpanKind.PRODUCER, queue=target.queue, job_ids=job_ids):
             publish_task(

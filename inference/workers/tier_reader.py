@@ -23,6 +23,7 @@ from kombu.exceptions import KombuError
 from kombu.message import Message
 
 from inference.config.changes import ConfigWatcher
+from inference.dispatch.fair_share import FRESH_HEADER
 from inference.dispatch.queues import tier_queue
 from inference.jobs.tiers import TIER_ORDER, Tier
 
@@ -103,6 +104,11 @@ class PulledMessage:
         return bool(self.message.delivery_info.get("redelivered"))
 
     @property
+    def fresh(self) -> bool:
+        """Its tenant had no work ahead of the queue's virtual time when it went out."""
+        return bool((self.message.headers or {}).get(FRESH_HEADER))
+
+    @property
     def left_in_queue(self) -> int | None:
         """Messages its queue still held when this one was taken (basic.get-ok's count)."""
         return self.message.delivery_info.get("message_count")
@@ -140,9 +146,10 @@ class TierQueueReader:
         """Realtime first, always; then the other tiers by how far behind their share."""
         return [Tier.REALTIME, *self.share.order()]
 
-    def get(self, tiers: list[Tier] | None = None) -> PulledMessage | None:
+    def get(self, tiers: list[Tier] | None = None, *, charge: bool = True) -> PulledMessage | None:
         """The next message by tier order, or None when every tier queue is empty. Its jobs
-        count toward its tier's share until the caller reports how many it claimed."""
+        count toward its tier's share until the caller reports how many it claimed (not when
+        `charge` is off: the caller only looks, and charges what it keeps)."""
         if self._before_pull is not None:
             self._before_pull()
         for tier in tiers if tiers is not None else self.tier_order():
@@ -150,8 +157,9 @@ class TierQueueReader:
             if message is None:
                 continue
             job_ids = message_job_ids(message.decode()[0][0])
-            # Provisional, so several messages pulled before one claim follow the share too.
-            self.share.served(tier, len(job_ids))
+            if charge:
+                # Provisional, so several messages pulled before one claim follow the share too.
+                self.share.served(tier, len(job_ids))
             return PulledMessage(job_ids=job_ids, tier=tier, message=message)
         return None
 

@@ -62,3 +62,14 @@ def test_missing_figures_show_as_dashes_and_no_scenario_no_section(tmp_path):
     assert "| enterprise | – | – | 12 ms |" in text
     assert "Jain" not in text
     assert "Fairness between tenants" not in written(tmp_path, {})
+
+
+def test_the_position_eta_errors_are_shown(tmp_path):
+    eta = {
+        "all": {"jobs": 250, "error_p50_ms": 120.0, "error_p90_ms": 480.0},
+        "flooding_tenant": {"jobs": 238, "error_p50_ms": 130.0, "error_p90_ms": 500.0},
+        "quiet_tenants": {"jobs": 12, "error_p50_ms": 20.0, "error_p90_ms": 60.0},
+    }
+    text = written(tmp_path, {"tenants": {"jain_index": 0.99, "position_eta": eta}})
+    assert "| all (250) | 120 ms | 480 ms |" in text
+    assert "| the quiet tenants' (12) | 20 ms | 60 ms |" in text

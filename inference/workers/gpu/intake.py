@@ -214,6 +214,27 @@ class Intake:
         self._advance_fair_share(pulled, short=empty)
         return pulled
 
+    def pull_fresh(self, tiers: list[Tier]) -> list[PulledMessage]:
+        """The message at the head of each of these tier queues if it went out fresh: its
+        tenant had no work ahead of the queue's virtual time (fair_share), so it went at the
+        top level. Any other head goes back to its place; looking charges no tier's share."""
+        fresh: list[PulledMessage] = []
+        back: list[PulledMessage] = []
+        try:
+            for tier in tiers:
+                pm = self.reader.get([tier], charge=False)
+                if pm is not None:
+                    (fresh if pm.fresh else back).append(pm)
+        except BaseException:
+            self._ledger.requeue(fresh + back)
+            raise
+        self._ledger.requeue(back)
+        for pm in fresh:
+            self.reader.share.served(pm.tier, len(pm.job_ids))
+        if fresh:
+            self._advance_fair_share(fresh, short=set())
+        return fresh
+
     def _advance_fair_share(
         self, pulled: list[PulledMessage], *, short: set[Tier], ending: bool = False
     ) -> None:

@@ -3,8 +3,10 @@
 While a forward pass runs on the model thread, the loop's thread forms and claims the next
 batch and the store thread writes the previous one's outcomes; the forward passes themselves
 run one after another. Before starting a batch of non-realtime work formed during the
-previous pass, the loop looks for realtime work and runs it first. A chunked generation that
-a pass left unfinished stays claimed in the line and waits for its tier's turn.
+previous pass, the loop looks for realtime work and runs it first, and makes room for the
+work of a tenant that had none waiting (fair share) that reached its tiers' queues meanwhile.
+A chunked generation that a pass left unfinished stays claimed in the line and waits for its
+tier's turn.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from inference.workers.gpu.model_thread import ModelThread
 from inference.workers.gpu.report import BatchReport
 from inference.workers.gpu.store_thread import OutcomeWriter
 from inference.workers.tier_reader import (
+    BROKER_ERRORS,
     ReaderPool,
     TierQueueReader,
     WeightedShare,
@@ -49,6 +52,10 @@ DRAIN_LIMIT_S = 20.0
 # found nothing is repeated when the pass ends, so nothing arriving meanwhile waits for a task.
 FORM_AHEAD_S = 0.05
 FORM_MARGIN = 2.0
+# A batch formed during the previous pass looks for fresh work before it starts only
+# when it is predicted to run at least this long: the look (a basic.get per tier it holds)
+# keeps the model idle, and a shorter pass bounds what the fresh work waits anyway.
+FRESH_LOOK_MIN_S = 0.02
 # One read of the service's cost model serves the loop this long (its own batches refresh it).
 COST_MODEL_REUSE_S = 1.0
 
@@ -117,6 +124,7 @@ class DrainLoop:
             self._wait_until_due(held, future)
             forming_at = time.monotonic()
             upcoming = self.former.form() if self.line.holding or self.intake.pulling else []
+            formed_early = bool(upcoming)
             formed_at = time.monotonic()
             if upcoming:
                 self._form_s = (self._form_s + formed_at - forming_at) / 2
@@ -127,6 +135,8 @@ class DrainLoop:
             ):
                 upcoming = self.former.form()  # what it left unfinished; what arrived since
             upcoming = self.realtime_first(upcoming)
+            if formed_early:
+                upcoming = self.fresh_first(upcoming)
             running = (upcoming, self._start(upcoming)) if upcoming else None
             # While the next batch runs: this one's outcomes go to the store thread (once the
             # one before is stored and its finished messages acked).
@@ -143,6 +153,39 @@ class DrainLoop:
             return upcoming
         self.line.put_first(upcoming)
         return realtime
+
+    def fresh_first(self, upcoming: list[Held]) -> list[Held]:
+        """A batch formed during the previous pass makes room for work that went out fresh to
+        its tiers' queues since (its tenant had no work ahead of the queue's virtual time, see
+        fair_share): that tenant waits for the pass that was running, not for one more. The
+        jobs it displaces go back to the front of the line (and to their queues when the pass
+        starts, for whichever worker is free first)."""
+        if not upcoming or not self.intake.pulling or any(h.item.realtime for h in upcoming):
+            return upcoming
+        if self.former.predict_s(sum(h.item.tokens for h in upcoming)) < FRESH_LOOK_MIN_S:
+            return upcoming
+        tiers = sorted(
+            {Tier(h.job.serving_tier or h.job.tier) for h in upcoming}.intersection(
+                WeightedShare.TIERS
+            ),
+            key=lambda tier: tier.rank,
+        )
+        try:
+            pulled = self.intake.pull_fresh(tiers)
+        except BROKER_ERRORS:
+            logger.warning("broker connection lost while looking for fresh work", exc_info=True)
+            self.intake.reader_lost()
+            return upcoming
+        if not pulled:
+            return upcoming
+        window = self.former.new_window()
+        self.former.admit(pulled, window)
+        displaced = []
+        for held in upcoming:
+            if displaced or not window.offer(held.item):
+                displaced.append(held)
+        self.line.put_first(displaced)
+        return [item.value for item in window.items]
 
     def _wait_until_due(self, batch: list[Held], future: Future) -> None:
         """Until it is time to form the next batch (see FORM_MARGIN), or the pass ends."""

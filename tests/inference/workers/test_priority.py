@@ -16,7 +16,7 @@ from inference.intake.submission import submit_job
 from inference.models import Job, JobStatus
 from inference.scheduling.cost_model import BatchCostModel
 from inference.workers.sweeper import expire_overdue, promote_waiting_jobs
-from tests.conftest import WorkerProcess, wait_for_job
+from tests.conftest import WorkerProcess, in_process_loop, wait_for_job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -229,25 +229,6 @@ def test_the_loop_claims_5_3_2_with_expired_p1_jobs_and_p3_in_eight_job_messages
     assert claimed["offline"] / total == pytest.approx(0.2, abs=0.05), claimed
 
 
-def _in_process_loop(service, readers):
-    """The worker's loop in this process, on the real broker and database."""
-    from inference.engines import load_engine
-    from inference.workers import worker_identity
-    from inference.workers.gpu.loop import DrainLoop
-    from inference.workers.gpu.model_thread import ModelThread
-    from inference.workers.gpu.report import BatchReport
-
-    return DrainLoop(
-        service,
-        load_engine("noop", service.model_ref, device="cpu"),
-        readers.get(service.name),
-        readers=readers,
-        model_thread=ModelThread(),
-        worker=worker_identity(),
-        report=BatchReport(),
-    )
-
-
 def test_a_realtime_job_claimed_into_a_window_it_does_not_fit_runs_in_the_next_pass(
     make_tenant, make_service
 ):
@@ -275,7 +256,7 @@ def test_a_realtime_job_claimed_into_a_window_it_does_not_fit_runs_in_the_next_p
 
     offline = [job("offline") for _ in range(3)]
     with in_process_readers("rt-held") as readers:
-        loop = _in_process_loop(service, readers)
+        loop = in_process_loop(service, readers)
         claim = Job.objects.claim([str(j.pk) for j in offline], worker=worker_identity())
         loop.line.front.extend(Held(j, claim) for j in claim.jobs)
         upcoming = loop.former.form()  # the first offline job: the window has no room left
@@ -422,7 +403,7 @@ def test_a_queue_of_jobs_past_their_deadline_does_not_hold_a_due_batch(
         publish(each)
     due = job(created_at=timezone.now() - timedelta(seconds=0.1))
     with in_process_readers("dead-backlog") as readers:
-        loop = _in_process_loop(service, readers)
+        loop = in_process_loop(service, readers)
         claim = Job.objects.claim([str(due.pk)], worker=worker_identity())
         loop.former.hold(Held(claim.jobs[0], claim), Tier.API)
 

@@ -126,3 +126,58 @@ def test_backlogs_sent_while_the_worker_serves_share_by_plan_not_by_arrival(
     # SFQ gives 16 : 8 : 4; by arrival it would be 24 : 4 : 0 for free.
     assert share["enterprise"] > share["pro"] > share["free"] > 0, share
     assert share["enterprise"] >= 12, share
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.worker
+def test_a_quiet_tenant_s_job_takes_a_place_in_the_batch_formed_before_it_came(
+    make_tenant, make_service, monkeypatch
+):
+    # The next batch of a flood's jobs was formed while a pass ran; then a quiet tenant's job
+    # went out fresh (nothing of its tenant ahead of the clock). It runs in that next pass, not
+    # the one after: a quiet tenant waits for the pass that was running, however long the
+    # flood's passes are.
+    from inference.dispatch.broker import ready_message_counts
+    from inference.dispatch.fair_share import FRESH_HEADER
+    from inference.dispatch.publishing import RELEASED_PRIORITY, RUN_JOB_TASK, publish_task
+    from inference.dispatch.queues import MAX_PRIORITY
+    from inference.models import Job
+    from inference.workers.gpu import loop as loop_module
+    from tests.conftest import in_process_loop, in_process_readers
+
+    monkeypatch.setattr(loop_module, "FRESH_LOOK_MIN_S", 0.0)  # the no-op model's passes are short
+    service = fresh_service(make_service, "fair-fresh")
+    service.batch_size = 2
+    service.save()
+    flooder, _ = make_tenant("flooder")
+    quiet, _ = make_tenant("quiet")
+    queue = tier_queue("fair-fresh", "batch")
+
+    def send(tenant, priority: int, *, fresh: bool = False) -> Job:
+        job = Job.objects.create(
+            tenant=tenant, service=service, tier="batch", input={"texts": ["x"]}
+        )
+        headers = {FRESH_HEADER: True} if fresh else None
+        publish_task(
+            RUN_JOB_TASK, [str(job.pk)], queue=queue, priority=priority, extra_headers=headers
+        )
+        return job
+
+    flood = [send(flooder, MAX_PRIORITY, fresh=True), send(flooder, RELEASED_PRIORITY)]
+    with in_process_readers("fair-fresh") as readers:
+        loop = in_process_loop(service, readers)
+        upcoming = loop.former.form()  # formed while a pass runs
+        assert [h.job.pk for h in upcoming] == [job.pk for job in flood]
+        assert loop.fresh_first(upcoming) == upcoming  # nothing came since
+
+        later = send(flooder, RELEASED_PRIORITY)
+        assert loop.fresh_first(upcoming) == upcoming  # the flood's next job waits its turn
+        assert ready_message_counts([queue])[queue] == 1
+
+        fresh = send(quiet, MAX_PRIORITY, fresh=True)
+        batch = loop.fresh_first(upcoming)
+        assert [h.job.pk for h in batch] == [fresh.pk, flood[0].pk]
+        assert [h.job.pk for h in loop.line.front] == [flood[1].pk]  # the next pass's first
+        assert ready_message_counts([queue])[queue] == 1  # the flood's later job, untouched
+        assert Job.objects.get(pk=later.pk).status == "queued"
+        loop.ledger.ack(loop.ledger.unsettled())
