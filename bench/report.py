@@ -198,7 +198,8 @@ def targets(r: dict) -> list[tuple[str, str, str, bool | None]]:
                     None,
                 )
             )
-    jain = r.get("tenants", {}).get("jain_index")
+    tenants = r.get("tenants", {})
+    jain = tenants.get("jain_index")
     if jain is not None:
         rows.append(
             (
@@ -206,6 +207,28 @@ def targets(r: dict) -> list[tuple[str, str, str, bool | None]]:
                 f"{jain:.3f}",
                 "≥ 0.9",
                 jain >= 0.9,
+            )
+        )
+    beside = tenants.get("flood_beside_quiet")
+    if isinstance(beside, dict) and "quiet_p99_target_ms" in beside:
+        rows.append(
+            (
+                "quiet tenants' wait p99 beside a 60 × flood of their tier vs 2 × alone + one "
+                "batch (tenants scenario)",
+                f"{_f(beside['quiet']['wait_p99_ms'], 0)} ms",
+                f"≤ {_f(beside['quiet_p99_target_ms'], 0)} ms",
+                beside["quiet_p99_met"],
+            )
+        )
+    bulk = tenants.get("bulk_beside_others")
+    if isinstance(bulk, dict):
+        rows.append(
+            (
+                "other tenants' jobs refused while one tenant's 100,000-text bulk is queued "
+                "(tenants scenario)",
+                f"{bulk['others_refused']} of {bulk['others_sent']}",
+                "0",
+                bulk["met"],
             )
         )
     return rows

@@ -19,7 +19,10 @@ waits), in one run:
    (GET /api/v1/jobs/<id>, as a polling client sees it) and its predicted start compared
    with when the worker really started it, once the backlog has drained;
 6. free realtime flood: a `free` tenant sends realtime jobs from 8 clients while a `pro`
-   tenant sends 15 `api` jobs: how many pro jobs succeed within queue_timeout.
+   tenant sends 15 `api` jobs: how many pro jobs succeed within queue_timeout;
+7. a 100,000-text bulk: one tenant POSTs it to a service with config.yaml's queue size (500)
+   that no worker serves (everything accepted stays queued: the hardest case for
+   admission) while two other tenants submit realtime and batch jobs: their answers.
 
 Between phases the leftovers are cancelled, the queues purged and the fair-share tags of the
 service's queues deleted (in a service that drained its backlog, the virtual time would have
@@ -60,6 +63,12 @@ FLOOD_RATE = 60.0  # jobs/s offered by the flooding tenant, from FLOOD_THREADS
 FLOOD_THREADS = 8
 FLOOD_TEXTS = 8
 PRO_API_JOBS = 15
+# The bulk phase: its own service (config.yaml's embedding max_queue_size, no worker), the
+# bulk's size (the most one bulk POST may carry) and what the two others send meanwhile.
+BULK_SERVICE = "bench-tenants-bulk"
+BULK_QUEUE_SIZE = 500
+BULK_TEXTS = 100_000
+BULK_OTHERS_JOBS = 100  # each, half realtime, over the bulk's POST
 # The position/ETA phase: a flood this long at ETA_FLOOD_RATE builds a backlog of a few
 # seconds that drains within the phase's wait.
 ETA_SEND_S = 6.0
@@ -67,10 +76,10 @@ ETA_FLOOD_RATE = 40.0
 WEIGHTS_KEY = "weight"
 
 
-def tenants_service():
+def tenants_service(name: str = SERVICE, **extra):
     from inference.models import Service
 
-    service, _ = Service.objects.update_or_create(name=SERVICE, defaults=RUNTIME)
+    service, _ = Service.objects.update_or_create(name=name, defaults={**RUNTIME, **extra})
     return service
 
 
@@ -313,6 +322,59 @@ def reset(service, tenants: list) -> None:
     time.sleep(0.5)
 
 
+def bulk_beside_others(service, bulk_poster: JsonPoster, others: dict[str, JsonPoster]) -> dict:
+    """One tenant's BULK_TEXTS-text bulk POST while the others each send BULK_OTHERS_JOBS
+    single jobs (half realtime, half batch) to the same service: every answer counted."""
+    from inference.dispatch.queues import service_queues
+    from inference.models import Job
+
+    purge_queues(service_queues(BULK_SERVICE))
+    bulk_answer: dict = {}
+
+    def post_bulk() -> None:
+        body = {
+            "service": BULK_SERVICE,
+            "priority": "batch",
+            "input": {"texts": [_text(f"bulk-{i}") for i in range(BULK_TEXTS)]},
+        }
+        started = time.time()
+        status, _, answer = bulk_poster.post("/api/v1/jobs/bulk", body)
+        bulk_answer.update(status=status, seconds=round(time.time() - started, 1))
+        if status != 202:
+            bulk_answer["error"] = answer[:300].decode(errors="replace")
+
+    bulk = threading.Thread(target=post_bulk, daemon=True)
+    t0 = time.time()
+    bulk.start()
+    statuses: dict[str, Counter] = {name: Counter() for name in others}
+    # Paced over 10 s, then on until the bulk is in, so some land while its pieces go in.
+    i = 0
+    while i < BULK_OTHERS_JOBS or bulk.is_alive():
+        time.sleep(max(0.0, t0 + i * 10 / BULK_OTHERS_JOBS - time.time()))
+        for name, poster in others.items():
+            tier = "realtime" if i % 2 else "batch"
+            body = {"service": BULK_SERVICE, "priority": tier, "input": {"texts": [f"{name} {i}"]}}
+            statuses[name][poster.post("/api/v1/jobs", body)[0]] += 1
+        i += 1
+        if i >= 10 * BULK_OTHERS_JOBS:
+            break
+    bulk.join(timeout=300)
+    queued = Job.objects.filter(service=service, status="queued").count()
+    Job.objects.filter(service=service, status__in=["queued", "running"]).cancel()
+    purge_queues(service_queues(BULK_SERVICE))
+    sent = sum(sum(c.values()) for c in statuses.values())
+    refused = sum(n for c in statuses.values() for code, n in c.items() if code != 202)
+    return {
+        "bulk": bulk_answer,
+        "queued_jobs_at_end": queued,
+        "max_queue_size": BULK_QUEUE_SIZE,
+        "others": {name: dict(c) for name, c in statuses.items()},
+        "others_sent": sent,
+        "others_refused": refused,
+        "met": bulk_answer.get("status") == 202 and refused == 0,
+    }
+
+
 def eta_errors(rs: list[dict], *, flood: list[Sender], quiet: list[Sender]) -> dict:
     """|real start − predicted start| of the jobs read back while queued: p50 and p90, over
     all of them and per kind of tenant."""
@@ -370,6 +432,7 @@ def run(*, quick: bool) -> dict:
     from inference.models import Job
 
     service = tenants_service()
+    bulk_service = tenants_service(BULK_SERVICE, max_queue_size=BULK_QUEUE_SIZE)
     phase_s = 10.0 if quick else 30.0
     quiet = {name: bench_tenant(name, plan="pro") for name in ("quiet-a", "quiet-b")}
     flood_t, flood_key = bench_tenant("flood-pro", plan="pro")
@@ -616,6 +679,12 @@ def run(*, quick: bool) -> dict:
         print(out["free_realtime_flood"], flush=True)
         reset(service, everyone)
 
+        print(f"== tenants: a {BULK_TEXTS:,}-text bulk beside two tenants' jobs", flush=True)
+        out["bulk_beside_others"] = bulk_beside_others(
+            bulk_service, JsonPoster(url, ent_key), quiet_posters
+        )
+        print(out["bulk_beside_others"], flush=True)
+
     out["web_log"] = keep_web_log("tenants")
     # What bench/report.py renders: per tenant plan, jobs and waits, and the index.
     out["tenants"] = {
@@ -652,7 +721,20 @@ def summary(t: dict) -> str:
             f"{f['pro_succeeded_within_queue_timeout']} of {PRO_API_JOBS} "
             f"within {f['queue_timeout_s']} s",
             _eta_line(t.get("position_eta")),
+            _bulk_line(t.get("bulk_beside_others")),
         ]
+    )
+
+
+def _bulk_line(bulk: dict | None) -> str:
+    if not bulk:
+        return "  bulk beside others: not measured"
+    return (
+        f"  a {BULK_TEXTS:,}-text bulk (answered {bulk['bulk'].get('status')} in "
+        f"{bulk['bulk'].get('seconds')} s, {bulk['queued_jobs_at_end']:,} jobs queued against "
+        f"max_queue_size {bulk['max_queue_size']}): the others' jobs refused "
+        f"{bulk['others_refused']} of {bulk['others_sent']} "
+        f"({'met' if bulk['met'] else 'MISSED'}, target 0)"
     )
 
 

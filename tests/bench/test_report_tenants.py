@@ -73,3 +73,19 @@ def test_the_position_eta_errors_are_shown(tmp_path):
     text = written(tmp_path, {"tenants": {"jain_index": 0.99, "position_eta": eta}})
     assert "| all (250) | 120 ms | 480 ms |" in text
     assert "| the quiet tenants' (12) | 20 ms | 60 ms |" in text
+
+
+def test_the_quiet_tenants_bound_and_the_bulk_are_target_rows():
+    tenants = {
+        "flood_beside_quiet": {
+            "quiet": {"wait_p99_ms": 324.0},
+            "quiet_p99_target_ms": 345.0,
+            "quiet_p99_met": True,
+        },
+        "bulk_beside_others": {"others_refused": 3, "others_sent": 200, "met": False},
+    }
+    rows = {name: (value, ok) for name, value, _, ok in report.targets({"tenants": tenants})}
+    quiet = next(v for name, v in rows.items() if name.startswith("quiet tenants' wait p99"))
+    assert quiet == ("324 ms", True)
+    bulk = next(v for name, v in rows.items() if "100,000-text bulk" in name)
+    assert bulk == ("3 of 200", False)
