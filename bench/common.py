@@ -272,10 +272,12 @@ class JsonPoster:
             )
         return connection
 
-    def _send(self, path: str, data: bytes) -> tuple[int, dict[str, str], bytes]:
+    def _send(
+        self, path: str, data: bytes | None, method: str = "POST"
+    ) -> tuple[int, dict[str, str], bytes]:
         connection = self._connection()
         try:
-            connection.request("POST", path, body=data, headers=self.headers)
+            connection.request(method, path, body=data, headers=self.headers)
             response = connection.getresponse()
             return response.status, dict(response.getheaders()), response.read()
         except (http.client.HTTPException, OSError):
@@ -285,15 +287,7 @@ class JsonPoster:
 
     def get(self, path: str) -> tuple[int, dict[str, str], bytes]:
         """(status, headers, body) of a GET on the kept connection."""
-        connection = self._connection()
-        try:
-            connection.request("GET", path, headers=self.headers)
-            response = connection.getresponse()
-            return response.status, dict(response.getheaders()), response.read()
-        except (http.client.HTTPException, OSError):
-            connection.close()
-            self._local.connection = None
-            raise
+        return self._send(path, None, "GET")
 
     def post(self, path: str, body) -> tuple[int, dict[str, str], bytes]:
         """(status, headers, body); once more on a new connection if the kept one was closed."""

@@ -14,7 +14,7 @@ import os
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import amqp
 from celery.utils.nodenames import anon_nodename
@@ -270,8 +270,9 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool
     aging moves them, or their deadline expires them: never silently lost.
 
     `charged`: the jobs' tenants were charged in the fair share when they were first
-    published (a job handed back by a worker, a lost message sent again): they go at the
-    plan's priority without a second charge.
+    published (a job handed back by a worker, a lost message sent again): they go at the top
+    level without a second charge. Their turn had come (a worker was about to run them) or is
+    overdue; at the plan's priority they would sink under a flood's released work.
 
     A submission's message too far ahead of its tier queue's fair-share clock is held back
     (fair_share): its jobs wait in Postgres, counted as dispatched, until `release_held`."""
@@ -284,6 +285,8 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool
         if tag is not None and tag.held:
             held.append((group, tag.start))
             continue
+        if charged:
+            target = replace(target, priority=queues.MAX_PRIORITY)
         if not _send(target, group, tag):
             break
         sent.extend(job.pk for job in group)

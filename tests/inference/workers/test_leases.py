@@ -136,9 +136,18 @@ def test_a_generation_longer_than_its_lease_is_never_taken_over_while_alive(
 
 
 def test_claimed_jobs_a_pass_cannot_take_go_back_for_a_peer(make_tenant, make_service):
+    from inference.dispatch.publishing import RELEASED_PRIORITY, RUN_JOB_TASK, publish_task
+    from inference.dispatch.queues import tier_queue
+    from renq_site.celery import app
+
     tenant, _ = make_tenant()
     service = make_service("noop", name="lease-share", batch_size=2, batch_timeout=0.01)
+    purge_test_queues(service_queues(service.name))
     jobs = _queued(tenant, service, 6)
+    # Another tenant's flood, released one level under the top, already waits in the queue.
+    queue = tier_queue(service.name, "batch")
+    flood = _queued(make_tenant("flood")[0], service, 1)[0]
+    publish_task(RUN_JOB_TASK, [str(flood.pk)], queue=queue, priority=RELEASED_PRIORITY)
 
     # One message's six jobs; the worker's pass takes two, the rest are handed back.
     report = BatchRunner(NoBroker()).run(
@@ -154,6 +163,10 @@ def test_claimed_jobs_a_pass_cannot_take_go_back_for_a_peer(make_tenant, make_se
     back = Job.objects.filter(status=JobStatus.QUEUED, pk__in=[j.pk for j in jobs])
     assert set(back.values_list("attempts", flat=True)) == {0}
     assert all(j.worker == "" and j.lease_expires_at is None for j in back)
+    # Their turn had come: they go ahead of the flood, not under it.
+    with app.connection_for_read() as connection:
+        head = app.amqp.queues[queue](connection.channel()).get(no_ack=True)
+        assert str(flood.pk) not in str(head.decode()[0][0])
     purge_test_queues(service_queues(service.name))
 
 
