@@ -12,12 +12,13 @@ RabbitMQ serves a priority queue highest level first and in arrival order within
 a message's level is fixed once it is out. So a submission to a worker tier queue below
 realtime whose start lies a quantum or more beyond V is held back: its jobs wait in Postgres
 with their start tag, and workers release the held start tags a few quanta at a time as V
-nears them (publishing.release_held), one level under the top, with the submissions that start
-within a quantum of V. What RabbitMQ holds there lies within about a quantum of start tags,
-where arrival order is close to start-tag order. A tenant with no work ahead of V starts at V,
-before all of them, and goes at the top level: it waits for the pass that runs, not for the
-others' backlogs. A queue that runs short gets the next start tags at once, so the share is
-work-conserving: a lone tenant gets the whole worker.
+nears them (publishing.release_held), two levels under the top. What RabbitMQ holds there lies
+within a few quanta of start tags, where arrival order is close to start-tag order. A
+submission that starts within a quantum of V goes one level under the top, ahead of the
+released work: among it, it would wait for all of it, up to the few quanta released. A
+tenant with no work ahead of V starts at V, before all of them, and goes at the top level: it
+waits for the pass that runs, not for the others' backlogs. A queue that runs short gets the
+next start tags at once, so the share is work-conserving: a lone tenant gets the whole worker.
 
 Messages that are not held (realtime, cloud calls, work published again) go at a band: the top
 level under one quantum ahead of V, then one level lower each time the distance doubles.
@@ -212,7 +213,7 @@ def tag_messages(charges: Sequence[Charge], *, top: int) -> list[Tag] | None:
         start, clock, quantum, holding = (float(value) for value in values[4 * i : 4 * i + 4])
         if holding:
             # Within a quantum of V, or held: a tenant with no work ahead of V (its start is
-            # V) goes first, the others among the released quantum, in arrival order.
+            # V) goes first, the others ahead of the released work, in arrival order.
             priority = top if start <= clock else top - 1
         else:
             priority = band(start - clock, quantum, top)

@@ -322,9 +322,10 @@ def _hold_back(held: list[tuple[list[Job], float]]) -> bool:
 # moved about that far, so a drained backlog costs a release every few batches.
 RELEASE_BATCHES = 4
 RELEASE_QUANTA = 3
-# Released work goes one level under the top, with the submissions starting within a quantum
-# of V; the top is for a tenant with no work ahead of V, whose start V precedes them all.
-RELEASED_PRIORITY = queues.MAX_PRIORITY - 1
+# Released work goes two levels under the top: the top is for a tenant with no work ahead of V,
+# whose start V precedes them all, the level under it for submissions starting within a
+# quantum of V, which would otherwise wait behind every start tag released, a few quanta.
+RELEASED_PRIORITY = queues.MAX_PRIORITY - 2
 
 
 def _held_in(service_name: str, tier: Tier):

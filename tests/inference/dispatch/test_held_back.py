@@ -114,3 +114,26 @@ def test_nothing_is_held_from_a_queue_no_worker_has_taken_from(make_service, mak
 
     assert ready() == 10
     assert not Job.objects.held_back().exists()
+
+
+def test_a_light_tenants_next_job_goes_ahead_of_the_released_work(served_service, make_tenant):
+    from inference.config.models import DEFAULT_PLAN_WEIGHTS, PlanPolicy
+    from renq_site.celery import app
+
+    for plan, weight in DEFAULT_PLAN_WEIGHTS.items():
+        PlanPolicy.objects.update_or_create(
+            plan=plan, defaults={"tier_boost": 0, "weight": weight}
+        )
+    flooder, _ = make_tenant("flooder")
+    light, _ = make_tenant("light", plan="enterprise")  # weight 2: a job is half a quantum
+    submit(flooder, 10)
+    purge_test_queues([QUEUE])  # its first job was taken
+    assert release_held(SERVICE, "batch") == 3  # starts 10, 20 and 30: within 3 quanta of V
+    first, second = submit(light, 2)  # starts 0 (its tenant had nothing ahead) and 5
+
+    # The second starts half a quantum past V: among the released work, in arrival order, it
+    # would wait for all of it, up to three quanta.
+    with app.connection_for_read() as connection:
+        queue = app.amqp.queues[QUEUE](connection.channel())
+        taken = [queue.get(no_ack=True).decode()[0][0] for _ in range(3)]
+    assert taken[:2] == [str(first.pk), str(second.pk)], taken  # then the flood's message
