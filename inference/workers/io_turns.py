@@ -163,9 +163,8 @@ class IoTurns:
             except BROKER_ERRORS:
                 self._discard()
             return
-        start = (pulled.message.headers or {}).get(fair_share.START_TAG_HEADER)
-        if start is not None:
-            fair_share.advance({io_queue(pulled.tier): float(start)})
+        if pulled.start_tag is not None:
+            fair_share.advance({io_queue(pulled.tier): pulled.start_tag})
         try:
             run_pulled(job_id, backend_id, pulled.redelivered)
         except requeue_on:

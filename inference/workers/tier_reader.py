@@ -23,7 +23,7 @@ from kombu.exceptions import KombuError
 from kombu.message import Message
 
 from inference.config.changes import ConfigWatcher
-from inference.dispatch.fair_share import FRESH_HEADER
+from inference.dispatch.fair_share import FRESH_HEADER, START_TAG_HEADER
 from inference.dispatch.queues import tier_queue
 from inference.jobs.tiers import TIER_ORDER, Tier
 
@@ -104,6 +104,12 @@ class PulledMessage:
         return bool(self.message.delivery_info.get("redelivered"))
 
     @property
+    def start_tag(self) -> float | None:
+        """Its start tag in its queue's fair share (None: it went out without one)."""
+        start = (self.message.headers or {}).get(START_TAG_HEADER)
+        return None if start is None else float(start)
+
+    @property
     def fresh(self) -> bool:
         """Its tenant had no work ahead of the queue's virtual time when it went out."""
         return bool((self.message.headers or {}).get(FRESH_HEADER))
@@ -156,12 +162,16 @@ class TierQueueReader:
             message = self._queues[tier].get(no_ack=False, accept=["json"])
             if message is None:
                 continue
-            job_ids = message_job_ids(message.decode()[0][0])
+            pulled = PulledMessage(message_job_ids(message.decode()[0][0]), tier, message)
             if charge:
                 # Provisional, so several messages pulled before one claim follow the share too.
-                self.share.served(tier, len(job_ids))
-            return PulledMessage(job_ids=job_ids, tier=tier, message=message)
+                self.charge(pulled)
+            return pulled
         return None
+
+    def charge(self, pulled: PulledMessage) -> None:
+        """The pulled message's jobs count toward its tier's share."""
+        self.share.served(pulled.tier, len(pulled.job_ids))
 
     def claimed(self, pulled: PulledMessage, jobs: int) -> None:
         """`jobs` of the pulled message's jobs were claimed to run (0: none could run)."""

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from django.utils import timezone
 
 from inference.delivery.streaming import TextRelay
-from inference.dispatch import fair_share
 from inference.engines.continuous import Finished, RequestTooLarge
 from inference.jobs.tiers import Tier
 from inference.jobs.transitions import Outcome
@@ -187,9 +186,8 @@ class GenerationLoop:
         if not pulled:
             return False
         for pm in pulled:
-            start = (pm.message.headers or {}).get(fair_share.START_TAG_HEADER)
             for job_id in pm.job_ids:
-                self._queued_as[job_id] = (pm.tier, float(start) if start is not None else 0.0)
+                self._queued_as[job_id] = (pm.tier, pm.start_tag or 0.0)
         for held, _tier in self.intake.claim(pulled):
             self.line.front.append(held)
         return self._submit_held()

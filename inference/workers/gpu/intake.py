@@ -230,7 +230,7 @@ class Intake:
             raise
         self._ledger.requeue(back)
         for pm in fresh:
-            self.reader.share.served(pm.tier, len(pm.job_ids))
+            self.reader.charge(pm)
         if fresh:
             self._advance_fair_share(fresh, short=set())
         return fresh
@@ -249,9 +249,8 @@ class Intake:
         for pm in pulled:
             queue = tier_queue(self._service_name, pm.tier)
             tiers[queue] = pm.tier
-            start = (pm.message.headers or {}).get(fair_share.START_TAG_HEADER)
-            if start is not None:
-                taken[queue] = max(float(start), taken.get(queue) or 0.0)
+            if pm.start_tag is not None:
+                taken[queue] = max(pm.start_tag, taken.get(queue) or 0.0)
             # Fewer than two batches' jobs left, counting messages like this one.
             left = (pm.left_in_queue or 0) * len(pm.job_ids)
             if pm.tier != Tier.REALTIME and left < 2 * self._batch_size:
