@@ -80,13 +80,14 @@ def run_job(self, job_id: str | list[str]) -> dict:
     info = self.request.delivery_info or {}
     tier = (info.get("routing_key") or "").rsplit(".", 1)[-1]
     start_tag = getattr(self.request, fair_share.START_TAG_HEADER, None)
-    if start_tag is not None and info.get("routing_key"):
-        fair_share.advance({info["routing_key"]: float(start_tag)})
     try:
         report = _runner.run(
             message_job_ids(job_id),
             seed_redelivered=bool(info.get("redelivered")),
             seed_tier=tier if tier in TIER_NAMES else None,
+            seed_taken={info["routing_key"]: float(start_tag)}
+            if start_tag is not None and info.get("routing_key")
+            else None,
         )
     except INFRASTRUCTURE_ERRORS as exc:
         raise _requeue_after_outage(exc) from exc

@@ -176,8 +176,12 @@ class BatchFormer:
             held.steps = None if realtime else self._decode_steps(payload, tokens)
             if held.steps is not None:
                 tokens = self._engine.decode_progress(payload)[0] + held.steps
+            # One text is one part: its job needs no cost-model read (a Redis round trip
+            # between an idle realtime job's claim and its pass) to find that out.
             if held.parts is not None or (
-                getattr(self._engine, "runs_in_parts", False) and tokens > self._pass_tokens()
+                getattr(self._engine, "runs_in_parts", False)
+                and len(payload.get("texts", ())) > 1
+                and tokens > self._pass_tokens()
             ):
                 tokens = self._next_part(held, payload)
             held.item = BatchItem(value=held, tokens=tokens, realtime=realtime)

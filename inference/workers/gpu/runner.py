@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 from django.conf import settings
 
+from inference.dispatch import fair_share
 from inference.dispatch.settlement import fail_over_local_error
 from inference.engines import load_engine
 from inference.jobs.tiers import Tier
@@ -15,6 +18,7 @@ from inference.workers.gpu.intake import note_claim
 from inference.workers.gpu.loop import DrainLoop
 from inference.workers.gpu.model_thread import ModelThread
 from inference.workers.gpu.report import BatchReport
+from inference.workers.gpu.store_thread import beside_stores
 from inference.workers.leases import lease_keeper
 from inference.workers.tier_reader import ReaderPool
 from renq_site import tracing
@@ -28,12 +32,27 @@ class BatchRunner:
         self._model_thread = ModelThread()
 
     def run(
-        self, seed_job_ids: list[str], *, seed_redelivered: bool, seed_tier: str | None
+        self,
+        seed_job_ids: list[str],
+        *,
+        seed_redelivered: bool,
+        seed_tier: str | None,
+        seed_taken: dict[str, float] | None = None,
     ) -> dict:
         """Claim the seed jobs (the task's message), then drain: run them and what waits
-        behind them. Returns the BatchReport, as a dict."""
+        behind them. `seed_taken`: the seed message's queue and start tag, which move that
+        queue's fair-share clock (fair_share.advance). Returns the BatchReport, as a dict."""
         with lease_keeper.holding():
-            return self._run(seed_job_ids, seed_redelivered=seed_redelivered, seed_tier=seed_tier)
+            # On the store thread, beside the claim: a Redis round trip that need not sit
+            # between an idle realtime job's delivery and its pass (the clock only moves up).
+            moved = beside_stores(partial(fair_share.advance, seed_taken)) if seed_taken else None
+            try:
+                return self._run(
+                    seed_job_ids, seed_redelivered=seed_redelivered, seed_tier=seed_tier
+                )
+            finally:
+                if moved is not None:
+                    moved.result()  # never raises: a clock that could not move is logged
 
     def _run(
         self, seed_job_ids: list[str], *, seed_redelivered: bool, seed_tier: str | None
