@@ -5,7 +5,6 @@ import uuid
 from asgiref.sync import async_to_sync, sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Prefetch
-from django.http import JsonResponse
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
@@ -27,6 +26,7 @@ from inference.api.serializers import (
     accepted_job_body,
     waited_job_body,
 )
+from inference.delivery.json_response import AnswerResponse
 from inference.delivery.waiting import subscribe, wait_for_final_job
 from inference.dispatch.queue_report import queue_report
 from inference.intake.bulk import submit_bulk
@@ -208,7 +208,7 @@ class JobListCreateView(generics.ListAPIView):
             async_to_sync(subscription.close)()
             subscription = None
 
-        async def answer() -> JsonResponse:
+        async def answer() -> AnswerResponse:
             final = await wait_for_final_job(
                 job.pk,
                 # Rare (a failure, a large result, a lost notification): on the request's
@@ -218,7 +218,7 @@ class JobListCreateView(generics.ListAPIView):
                 subscription=subscription,
                 from_notice=lambda notice: notice.final_job(job),
             )
-            return JsonResponse(
+            return AnswerResponse(
                 waited_job_body(final or job, encoding_format), status=200 if final else 202
             )
 

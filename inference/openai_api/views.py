@@ -23,6 +23,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 from kombu.exceptions import OperationalError as BrokerError
 
+from inference.delivery.json_response import AnswerResponse
 from inference.delivery.streaming import generated_text
 from inference.delivery.waiting import subscribe, wait_for_final_job
 from inference.intake.submission import IDEMPOTENCY_KEY_HEADER, effective_deadline_s
@@ -216,7 +217,7 @@ async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpRespo
     except OpenAIError as exc:
         exc.headers.update(headers)
         raise
-    response = JsonResponse(answer, safe=False)  # TEI's rerank answers with a list
+    response = AnswerResponse(answer)  # a list for TEI's rerank
     for name, value in headers.items():
         response[name] = value
     return response
