@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 import uuid
 
 from asgiref.sync import async_to_sync, sync_to_async
@@ -27,7 +28,7 @@ from inference.api.serializers import (
     waited_job_body,
 )
 from inference.delivery.json_response import AnswerResponse
-from inference.delivery.waiting import subscribe, wait_for_final_job
+from inference.delivery.waiting import new_job_id, subscribe, wait_for_final_job
 from inference.dispatch.queue_report import queue_report
 from inference.intake.bulk import submit_bulk
 from inference.intake.submission import (
@@ -192,23 +193,20 @@ class JobListCreateView(generics.ListAPIView):
     def _post_and_wait(self, request, fields: dict, encoding_format: str, wait_s: float):
         """Submit, then answer once the job is final (200 with its result) or `wait_s` passed
         (202, as without a wait). Under the ASGI server the wait is the event loop's
-        (DeferredResponse): the job's notification is subscribed to before it is submitted and
-        brings its outcome, so nothing is read back and no request thread is held."""
+        (DeferredResponse): the process hears the notifications of the jobs it submits under
+        ids of `new_job_id` from the moment they exist, and one brings the outcome, so nothing
+        is read back and no request thread is held."""
         on_event_loop = isinstance(request._request, ASGIRequest)
-        job_id = uuid.uuid4()
-        subscription = async_to_sync(subscribe)(job_id) if on_event_loop else None
-        try:
-            job = self._submit_one(request, fields, job_id)
-        except BaseException:
-            if subscription is not None:
-                async_to_sync(subscription.close)()
-            raise
-        if subscription is not None and (job.pk != job_id or job.is_terminal):
-            # Another request's job (its Idempotency-Key), or answered from the result cache.
-            async_to_sync(subscription.close)()
-            subscription = None
+        job_id = new_job_id()
+        submitted_at = time.monotonic()
+        job = self._submit_one(request, fields, job_id)
+        # Not another request's job (its Idempotency-Key), nor answered from the result cache.
+        own = job.pk == job_id and not job.is_terminal
 
         async def answer() -> AnswerResponse:
+            # Heard since before the submit (the process listens to its jobs' ids), or read
+            # first once subscribed.
+            subscription = await subscribe(job.pk, since=submitted_at) if own else None
             final = await wait_for_final_job(
                 job.pk,
                 # Rare (a failure, a large result, a lost notification): on the request's

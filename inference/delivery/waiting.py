@@ -8,8 +8,9 @@ the notification without reading the row back; a larger result, or a failure, is
 a bare hint to read the row.
 
 A web process waits for all of its requests' jobs on one Redis connection per event loop
-(`JobWaiters`): a request subscribes to its job's channel there before it submits the job
-(its id is chosen up front), so the job cannot finish unheard and needs no first read.
+(`JobWaiters`). A request chooses its job's id up front (`new_job_id`): the id starts with
+the process's own prefix, whose channels the connection listens to by one pattern, so the job
+cannot finish unheard, needs no first read, and costs no SUBSCRIBE of its own.
 
 Why Redis pub/sub rather than Postgres LISTEN/NOTIFY: every process already talks to Redis,
 the waiting holds no Postgres connection nor thread, and a channel per job means a web process
@@ -26,6 +27,7 @@ import copy
 import json
 import logging
 import os
+import secrets
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -59,6 +61,10 @@ MAX_SUBSCRIPTIONS = int(os.environ.get("RENQ_FRONT_DOOR_MAX_SUBSCRIPTIONS", "400
 # embeddings, say): Redis sends a message to one subscriber, but it sits in its buffers.
 MAX_NOTICE_BYTES = 256 * 1024
 HINT = b"1"
+# A notification of a job of this process that nobody waits for yet (its request subscribes
+# after submitting it) is kept this long, and at most this many.
+UNCLAIMED_KEEP_S = 5.0
+MAX_UNCLAIMED = 10_000
 
 T = TypeVar("T")
 
@@ -221,8 +227,30 @@ def _async_redis() -> redis.asyncio.Redis:
     return client
 
 
+def _own_prefix() -> str:
+    """The first 8 hex digits of the ids of the jobs this process's requests wait for: random
+    per process (a forked child draws its own)."""
+    global _prefix
+    if _prefix is None or _prefix[0] != os.getpid():
+        _prefix = (os.getpid(), secrets.token_hex(4))
+    return _prefix[1]
+
+
+_prefix: tuple[int, str] | None = None
+
+
+def new_job_id() -> uuid.UUID:
+    """An id for a job a request of this process will wait for: this process hears its
+    notification without a subscription of its own (JobWaiters listens to the pattern of its
+    ids). The first 32 bits are the process's, the other 96 a uuid4's (version bits
+    included): random enough that ids do not collide."""
+    rest = uuid.uuid4().int & ((1 << 96) - 1)
+    return uuid.UUID(int=(int(_own_prefix(), 16) << 96) | rest)
+
+
 class Subscription:
-    """One waiter's subscription to one job's channel (`JobWaiters.subscribe`)."""
+    """One waiter's subscription to one job's channel (`JobWaiters.subscribe`). `confirmed`:
+    nothing announced on it since the job could first have finished was missed."""
 
     def __init__(self, waiters: JobWaiters, channel: str):
         self.channel = channel
@@ -243,9 +271,14 @@ class Subscription:
 
 class JobWaiters:
     """Every job channel this process's requests wait on, on one Redis connection per event
-    loop: a subscription costs a command on an open connection, not a connection. A reader
-    task hands each notification to the subscriptions of its channel; should the connection
-    break, redis-py reconnects and subscribes again, and waiters re-read on their interval."""
+    loop. The jobs a request submits itself have ids from `new_job_id`, whose channels the
+    connection hears through one pattern subscription made when it opens: waiting for such a
+    job costs no Redis command at all. Another job's channel (a job found by its
+    Idempotency-Key, say) costs a SUBSCRIBE on the open connection. A reader task hands each
+    notification to the subscriptions of its channel, and keeps one for a job of this process
+    that nobody waits for yet (UNCLAIMED_KEEP_S), so a waiter may subscribe after submitting.
+    Should the connection break, redis-py reconnects and subscribes again, and waiters re-read
+    on their interval."""
 
     def __init__(self) -> None:
         self._pubsub: redis.asyncio.client.PubSub | None = None
@@ -253,15 +286,45 @@ class JobWaiters:
         self._by_channel: dict[str, set[Subscription]] = {}
         self._confirmations: dict[str, asyncio.Future] = {}
         self._started = asyncio.Lock()
+        self._prefix = _own_prefix()
+        self._pattern = f"{CHANNEL_PREFIX}{self._prefix}*"
+        # time.monotonic() when Redis last confirmed the pattern (None: not listening by it).
+        self._pattern_since: float | None = None
+        self._unclaimed: dict[str, tuple[float, list[bytes]]] = {}
 
-    async def subscribe(self, job_id: str | uuid.UUID) -> Subscription:
-        """Subscribe to the job's channel; `confirmed` once Redis said so (bounded wait)."""
-        subscription = Subscription(self, job_channel(job_id))
-        channel = subscription.channel
+    async def subscribe(
+        self, job_id: str | uuid.UUID, *, since: float | None = None
+    ) -> Subscription:
+        """Subscribe to the job's channel; `confirmed` once Redis said so (bounded wait).
+        `since`: time.monotonic() before the job was submitted, when the subscription is made
+        after that (only a job of `new_job_id` can be heard from then on); None: before."""
+        channel = job_channel(job_id)
+        heard_since = self._pattern_since
+        if (
+            channel.startswith(self._pattern[:-1])
+            and heard_since is not None
+            and (since is None or heard_since <= since)
+            and self._reader is not None
+            and not self._reader.done()
+        ):
+            subscription = self._add(channel)
+            subscription.confirmed = True
+            _, kept = self._unclaimed.pop(channel, (0.0, []))
+            for data in kept:
+                subscription.messages.put_nowait(data)
+            return subscription
         first = channel not in self._by_channel
-        self._by_channel.setdefault(channel, set()).add(subscription)
+        subscription = self._add(channel)
         try:
             await self._start()
+            if (
+                channel.startswith(self._pattern[:-1])
+                and since is None
+                and self._pattern_since is not None
+            ):
+                # Heard through the pattern, now confirmed (the process's first wait).
+                subscription.confirmed = True
+                return subscription
             if first:
                 confirmation = asyncio.get_running_loop().create_future()
                 self._confirmations[channel] = confirmation
@@ -270,9 +333,15 @@ class JobWaiters:
                 confirmation = self._confirmations.get(channel)
             if confirmation is not None:
                 await asyncio.wait_for(asyncio.shield(confirmation), SUBSCRIBE_CONFIRM_TIMEOUT_S)
-            subscription.confirmed = True
+            # Subscribed after the job was submitted: it may have finished unheard.
+            subscription.confirmed = since is None
         except (redis.RedisError, OSError, TimeoutError) as exc:
             logger.warning("no Redis subscription for job %s (%s); re-reading instead", job_id, exc)
+        return subscription
+
+    def _add(self, channel: str) -> Subscription:
+        subscription = Subscription(self, channel)
+        self._by_channel.setdefault(channel, set()).add(subscription)
         return subscription
 
     async def unsubscribe(self, subscription: Subscription) -> None:
@@ -282,7 +351,8 @@ class JobWaiters:
         if others:
             return
         self._by_channel.pop(channel, None)
-        self._confirmations.pop(channel, None)
+        if self._confirmations.pop(channel, None) is None:
+            return  # never subscribed to: heard through the pattern
         if self._pubsub is not None:
             try:
                 await self._pubsub.unsubscribe(channel)
@@ -297,10 +367,14 @@ class JobWaiters:
                 return
             if self._pubsub is None:
                 self._pubsub = _async_redis().pubsub()
-                # A channel of the process's own keeps the connection subscribed (and its
-                # reader reading) while no request waits.
-                await self._pubsub.subscribe(f"renq:web-waiters:{os.getpid()}:{id(self)}")
+                self._confirmations[self._pattern] = asyncio.get_running_loop().create_future()
+                # The pattern also keeps the connection subscribed (and its reader reading)
+                # while no request waits.
+                await self._pubsub.psubscribe(self._pattern)
             self._reader = asyncio.create_task(self._read())
+            confirmation = self._confirmations.get(self._pattern)
+            if confirmation is not None:
+                await asyncio.wait_for(asyncio.shield(confirmation), SUBSCRIBE_CONFIRM_TIMEOUT_S)
 
     async def _read(self) -> None:
         pubsub = self._pubsub
@@ -309,19 +383,41 @@ class JobWaiters:
                 message = await pubsub.get_message(timeout=SAFETY_RECHECK_S)
             except (redis.RedisError, OSError) as exc:
                 logger.warning("job notifications interrupted (%s); reconnecting", exc)
+                # Notifications may be lost until the pattern is confirmed again.
+                self._pattern_since = None
                 await asyncio.sleep(0.5)
                 continue
             if message is None:
                 continue
+            kind = message["type"]
             channel = message["channel"]
             channel = channel.decode() if isinstance(channel, bytes) else channel
-            if message["type"] == "subscribe":
+            if kind == "psubscribe":
+                self._pattern_since = time.monotonic()
+            if kind in ("subscribe", "psubscribe"):
                 confirmation = self._confirmations.get(channel)
                 if confirmation is not None and not confirmation.done():
                     confirmation.set_result(True)
-            elif message["type"] == "message":
-                for subscription in self._by_channel.get(channel, ()):
-                    subscription.messages.put_nowait(message["data"])
+            elif kind in ("message", "pmessage"):
+                subscriptions = self._by_channel.get(channel)
+                if subscriptions:
+                    for subscription in subscriptions:
+                        subscription.messages.put_nowait(message["data"])
+                elif kind == "pmessage":
+                    self._keep_unclaimed(channel, message["data"])
+
+    def _keep_unclaimed(self, channel: str, data: bytes) -> None:
+        """A notification of this process's job that no waiter subscribed to yet."""
+        now = time.monotonic()
+        unclaimed = self._unclaimed
+        # Oldest first (insertion order): most are a finished waiter's later notices (the
+        # stored one after an answer taken before the store), let go here.
+        while unclaimed:
+            oldest = next(iter(unclaimed))
+            if len(unclaimed) < MAX_UNCLAIMED and now - unclaimed[oldest][0] <= UNCLAIMED_KEEP_S:
+                break
+            del unclaimed[oldest]
+        unclaimed.setdefault(channel, (now, []))[1].append(data)
 
 
 _job_waiters: dict[asyncio.AbstractEventLoop, JobWaiters] = {}
@@ -338,9 +434,9 @@ def job_waiters() -> JobWaiters:
     return waiters
 
 
-async def subscribe(job_id: str | uuid.UUID) -> Subscription:
+async def subscribe(job_id: str | uuid.UUID, *, since: float | None = None) -> Subscription:
     """This event loop's subscription to the job's notification (see JobWaiters)."""
-    return await job_waiters().subscribe(job_id)
+    return await job_waiters().subscribe(job_id, since=since)
 
 
 async def wait_for_final_job(

@@ -25,7 +25,7 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from inference.delivery.json_response import AnswerResponse
 from inference.delivery.streaming import generated_text
-from inference.delivery.waiting import subscribe, wait_for_final_job
+from inference.delivery.waiting import new_job_id, subscribe, wait_for_final_job
 from inference.intake.submission import IDEMPOTENCY_KEY_HEADER, effective_deadline_s
 from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.models import Job, Service, Tenant
@@ -155,7 +155,7 @@ async def submitted_and_final(
     None past the bound). The job's id is chosen here and its notification subscribed to
     before it is submitted, so its outcome arrives with the notification: no read of the row
     before or after."""
-    job_id = uuid.uuid4()
+    job_id = new_job_id()
     subscription = await subscribe(job_id)
     try:
         job, job_request, timeout_s = await submitted(

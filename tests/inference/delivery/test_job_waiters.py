@@ -4,6 +4,7 @@ with its outcome."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from datetime import UTC, datetime
 
@@ -133,3 +134,72 @@ def test_only_a_waiter_that_does_not_read_the_job_back_takes_an_answer_before_it
     assert asyncio.run(wait(before_store=True)) == [True, False]
     # A REST waiter answers what a read gives next: from the stored notice.
     assert asyncio.run(wait(before_store=False)) == [False, True]
+
+
+def test_a_job_of_this_process_is_heard_with_no_subscribe_of_its_own():
+    from inference.delivery.waiting import job_channel, new_job_id, subscribe
+
+    job_id = new_job_id()
+    outcome = _outcome({"text": "answer"})
+    outcome.job = Job(id=job_id)
+
+    async def scenario():
+        subscription = await subscribe(job_id)
+        listeners = dict(shared_redis().pubsub_numsub(job_channel(job_id)))
+        await asyncio.to_thread(notify_finished, [job_id], [outcome])
+
+        async def read_row():
+            return "read the row"
+
+        answer = await wait_for_final_job(
+            job_id,
+            read_row,
+            timeout_s=5,
+            subscription=subscription,
+            from_notice=lambda notice: notice.result["text"],
+        )
+        return subscription.confirmed, listeners[job_channel(job_id).encode()], answer
+
+    assert asyncio.run(scenario()) == (True, 0, "answer")
+    assert job_id.version == 4 and str(job_id)[:8] == str(new_job_id())[:8]
+
+
+def test_a_notice_that_comes_before_its_waiter_subscribes_is_kept_for_it():
+    """A REST ?wait= subscribes after its submit returns: a job finished meanwhile is heard."""
+    from inference.delivery.waiting import new_job_id, subscribe
+
+    job_id = new_job_id()
+    outcome = _outcome({"text": "answer"})
+    outcome.job = Job(id=job_id)
+
+    async def scenario():
+        await (await subscribe(new_job_id())).close()  # the process listens
+        submitted_at = time.monotonic()
+        await asyncio.to_thread(notify_finished, [job_id], [outcome])
+        await asyncio.sleep(0.2)  # announced before anyone subscribed
+        subscription = await subscribe(job_id, since=submitted_at)
+
+        async def read_row():
+            return "read the row"
+
+        return subscription.confirmed, await wait_for_final_job(
+            job_id,
+            read_row,
+            timeout_s=2,
+            subscription=subscription,
+            from_notice=lambda notice: notice.result["text"],
+        )
+
+    assert asyncio.run(scenario()) == (True, "answer")
+
+
+def test_a_waiter_that_was_not_listening_when_its_job_was_submitted_reads_it_first():
+    from inference.delivery.waiting import new_job_id, subscribe
+
+    async def scenario():
+        submitted_at = time.monotonic()  # before this event loop's waiters listen
+        subscription = await subscribe(new_job_id(), since=submitted_at)
+        await subscription.close()
+        return subscription.confirmed
+
+    assert asyncio.run(scenario()) is False
