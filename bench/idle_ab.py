@@ -1,7 +1,7 @@
 """Idle realtime overhead of two checkouts, interleaved request by request.
 
 Run to run, the fast path's idle overhead on a shared 2-core machine moves by more than one
-change saves (p50 17.6 to 23.3 ms for the same commit in one session). This runs both
+change saves. This runs both
 checkouts side by side instead: a web process and a worker of each, one embedding service
 each, and alternates single-text realtime requests between them (`/v1/embeddings`, then
 `POST /api/v1/jobs?wait=`), so both see the same machine at the same moments. Overhead is the

@@ -1,7 +1,7 @@
 """The answer of a waiting request (a `/v1/` response, a REST `?wait=`), encoded with orjson.
 
 An embedding is hundreds of floats: Django's JsonResponse (the standard library's encoder)
-spends about thirty times orjson's time on them, on the web process, on the request's path.
+spends many times orjson's time on them, on the web process, on the request's path.
 Dates, decimals and the like are written as DjangoJSONEncoder writes them, so the body reads
 as JsonResponse's would.
 """

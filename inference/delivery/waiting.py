@@ -286,8 +286,9 @@ class JobWaiters:
         self._by_channel: dict[str, set[Subscription]] = {}
         self._confirmations: dict[str, asyncio.Future] = {}
         self._started = asyncio.Lock()
-        self._prefix = _own_prefix()
-        self._pattern = f"{CHANNEL_PREFIX}{self._prefix}*"
+        # The channels of new_job_id's jobs, heard through one pattern.
+        self._own_channels = f"{CHANNEL_PREFIX}{_own_prefix()}"
+        self._pattern = f"{self._own_channels}*"
         # time.monotonic() when Redis last confirmed the pattern (None: not listening by it).
         self._pattern_since: float | None = None
         self._unclaimed: dict[str, tuple[float, list[bytes]]] = {}
@@ -299,31 +300,20 @@ class JobWaiters:
         `since`: time.monotonic() before the job was submitted, when the subscription is made
         after that (only a job of `new_job_id` can be heard from then on); None: before."""
         channel = job_channel(job_id)
-        heard_since = self._pattern_since
-        if (
-            channel.startswith(self._pattern[:-1])
-            and heard_since is not None
-            and (since is None or heard_since <= since)
-            and self._reader is not None
-            and not self._reader.done()
-        ):
-            subscription = self._add(channel)
-            subscription.confirmed = True
-            _, kept = self._unclaimed.pop(channel, (0.0, []))
-            for data in kept:
-                subscription.messages.put_nowait(data)
-            return subscription
         first = channel not in self._by_channel
         subscription = self._add(channel)
         try:
-            await self._start()
+            await self._start()  # returns at once while the reader runs
+            heard_since = self._pattern_since
             if (
-                channel.startswith(self._pattern[:-1])
-                and since is None
-                and self._pattern_since is not None
+                channel.startswith(self._own_channels)
+                and heard_since is not None
+                and (since is None or heard_since <= since)
             ):
-                # Heard through the pattern, now confirmed (the process's first wait).
                 subscription.confirmed = True
+                _, kept = self._unclaimed.pop(channel, (0.0, []))
+                for data in kept:
+                    subscription.messages.put_nowait(data)
                 return subscription
             if first:
                 confirmation = asyncio.get_running_loop().create_future()
