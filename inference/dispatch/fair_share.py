@@ -95,13 +95,16 @@ end
 return out
 """.replace("MEAN_STEP", repr(MEAN_STEP)).replace("HOLD_AHEAD", repr(HOLD_AHEAD))
 
-# KEYS per queue: virtual time, quantum, earliest held start tag, taken-recently mark. ARGV:
-# the mark's ttl, then per queue the start tag taken ('' when none). The clock only moves
-# forward. Returns per queue: the virtual time, the quantum, the earliest held start tag ('').
+# KEYS per queue: virtual time, quantum, earliest held start tag, taken-recently mark, holds
+# count, idle mark. ARGV: the mark's ttl, whether the caller's run ends ('1': its worker goes
+# idle, so a hold committed from now on must be released by its sender), then per queue the
+# start tag taken ('' when none). The clock only moves forward; a take clears the idle mark.
+# Returns per queue: the virtual time, the quantum, the earliest held start tag (''), the
+# holds count.
 _ADVANCE = """
 local out = {}
-for i = 1, #KEYS, 4 do
-  local taken = ARGV[2 + (i - 1) / 4]
+for i = 1, #KEYS, 6 do
+  local taken = ARGV[3 + (i - 1) / 6]
   local v = tonumber(redis.call('GET', KEYS[i]) or '0')
   if taken ~= '' then
     if tonumber(taken) > v then
@@ -109,23 +112,66 @@ for i = 1, #KEYS, 4 do
       redis.call('SET', KEYS[i], taken)
     end
     redis.call('SET', KEYS[i + 3], '1', 'EX', tonumber(ARGV[1]))
+    redis.call('DEL', KEYS[i + 5])
+  elseif ARGV[2] == '1' then
+    redis.call('SET', KEYS[i + 5], '1', 'EX', TAG_TTL_S)
   end
   out[#out + 1] = tostring(v)
   out[#out + 1] = redis.call('GET', KEYS[i + 1]) or '1'
   out[#out + 1] = redis.call('GET', KEYS[i + 2]) or ''
+  out[#out + 1] = redis.call('GET', KEYS[i + 4]) or '0'
 end
 return out
-"""
+""".replace("TAG_TTL_S", repr(TAG_TTL_S))
 
-_scripts: dict[int, tuple[redis.Redis, Script, Script]] = {}
+# KEYS: the queue's earliest held start tag, its holds count. ARGV: the count the release
+# read before it looked in Postgres ('' unknown), the earliest start tag it left held ('' none).
+# A hold committed since may be one the release did not see: then the note only moves down.
+_NOTE_HELD = """
+local unchanged = ARGV[1] ~= '' and (redis.call('GET', KEYS[2]) or '0') == ARGV[1]
+if unchanged then
+  if ARGV[2] == '' then redis.call('DEL', KEYS[1])
+  else redis.call('SET', KEYS[1], ARGV[2], 'EX', TAG_TTL_S) end
+elseif ARGV[2] ~= '' then
+  local noted = tonumber(redis.call('GET', KEYS[1]) or 'inf')
+  if tonumber(ARGV[2]) < noted then redis.call('SET', KEYS[1], ARGV[2], 'EX', TAG_TTL_S) end
+end
+return 1
+""".replace("TAG_TTL_S", repr(TAG_TTL_S))
+
+# KEYS per queue: earliest held start tag, holds count, idle mark. ARGV per queue: the earliest
+# start tag just held back (committed). Notes it (the note only moves down), counts the holds,
+# and returns per queue whether its workers went idle ('1').
+_HOLDS_COMMITTED = """
+local out = {}
+for i = 1, #KEYS, 3 do
+  local start = ARGV[(i + 2) / 3]
+  local noted = tonumber(redis.call('GET', KEYS[i]) or 'inf')
+  if tonumber(start) < noted then redis.call('SET', KEYS[i], start, 'EX', TAG_TTL_S) end
+  redis.call('INCR', KEYS[i + 1])
+  redis.call('EXPIRE', KEYS[i + 1], TAG_TTL_S)
+  out[#out + 1] = redis.call('GET', KEYS[i + 2]) or '0'
+end
+return out
+""".replace("TAG_TTL_S", repr(TAG_TTL_S))
+
+_scripts: dict[int, tuple[redis.Redis, dict[str, Script]]] = {}
+_SOURCES = {
+    "tag": _TAG_MESSAGES,
+    "advance": _ADVANCE,
+    "note_held": _NOTE_HELD,
+    "holds_committed": _HOLDS_COMMITTED,
+}
 
 
-def _script_pair(client: redis.Redis) -> tuple[Script, Script]:
+def _script(name: str) -> Script:
+    client = shared_redis()
     cached = _scripts.get(id(client))
     if cached is None or cached[0] is not client:
-        cached = (client, client.register_script(_TAG_MESSAGES), client.register_script(_ADVANCE))
+        registered = {key: client.register_script(source) for key, source in _SOURCES.items()}
+        cached = (client, registered)
         _scripts[id(client)] = cached
-    return cached[1], cached[2]
+    return cached[1][name]
 
 
 @dataclass(frozen=True)
@@ -152,11 +198,14 @@ class Tag:
 
 @dataclass(frozen=True)
 class Clock:
-    """A queue's virtual time, its quantum, and the earliest start tag held back from it."""
+    """A queue's virtual time, its quantum, the earliest start tag held back from it, and
+    how many holds were committed (a release that saw this count can tell whether one
+    committed while it looked)."""
 
     virtual_time: float
     quantum: float
     earliest_held: float | None
+    holds: int = 0
 
     @property
     def release_due(self) -> bool:
@@ -203,8 +252,7 @@ def tag_messages(charges: Sequence[Charge], *, top: int) -> list[Tag] | None:
             int(charge.holdable),
         ]
     try:
-        tag_script, _ = _script_pair(shared_redis())
-        values = tag_script(keys=keys, args=args)
+        values = _script("tag")(keys=keys, args=args)
     except redis.RedisError:
         logger.warning("fair share: tags unavailable; publishing at static priorities")
         return None
@@ -221,46 +269,80 @@ def tag_messages(charges: Sequence[Charge], *, top: int) -> list[Tag] | None:
     return tags
 
 
-def advance(taken: dict[str, float | None]) -> dict[str, Clock]:
+def advance(taken: dict[str, float | None], *, going_idle: bool = False) -> dict[str, Clock]:
     """A worker took messages with these start tags (queue → the largest; None: it took none
     there, and asks only how the queue stands): the queues' virtual time moves up to them.
-    Returns each queue's clock; empty when Redis cannot be reached (a missed move only
-    delays the clock)."""
+    `going_idle`: the worker's run ends, so it takes no more from the queues it took none
+    from until a message comes; a hold committed after this is released by its sender
+    (holds_committed). Returns each queue's clock; empty when Redis cannot be reached (a
+    missed move only delays the clock)."""
     if not taken:
         return {}
     queues = sorted(taken)
     keys = [
         key
         for q in queues
-        for key in (_key(q, "v"), _key(q, "quantum"), _key(q, "held"), _key(q, "taken"))
+        for key in (
+            _key(q, "v"),
+            _key(q, "quantum"),
+            _key(q, "held"),
+            _key(q, "taken"),
+            _key(q, "holds"),
+            _key(q, "idle"),
+        )
     ]
-    args = [TAKEN_RECENTLY_S] + ["" if taken[q] is None else repr(taken[q]) for q in queues]
+    args = [TAKEN_RECENTLY_S, "1" if going_idle else "0"]
+    args += ["" if taken[q] is None else repr(taken[q]) for q in queues]
     try:
-        _, advance_script = _script_pair(shared_redis())
-        values = advance_script(keys=keys, args=args)
+        values = _script("advance")(keys=keys, args=args)
     except redis.RedisError:
         logger.warning("fair share: could not move the virtual time of %s", queues)
         return {}
     clocks = {}
     for i, queue in enumerate(queues):
-        virtual_time, quantum, earliest = values[3 * i : 3 * i + 3]
+        virtual_time, quantum, earliest, holds = values[4 * i : 4 * i + 4]
         clocks[queue] = Clock(
-            float(virtual_time), float(quantum), float(earliest) if earliest else None
+            float(virtual_time),
+            float(quantum),
+            float(earliest) if earliest else None,
+            int(holds),
         )
     return clocks
 
 
-def note_held(queue: str, earliest: float | None) -> None:
-    """After a release: the earliest start tag still held back from the queue (None: none).
-    Never raises: a wrong mark only makes a worker look in Postgres once for nothing, or wait
-    for its queue to run short."""
+def note_held(queue: str, earliest: float | None, *, holds_seen: int | None) -> None:
+    """After a release: the earliest start tag it left held back from the queue (None: none).
+    `holds_seen`: the queue's holds count read before the release looked in Postgres (None:
+    unknown). A hold committed since may be one it did not see, so then the note is only
+    lowered, never cleared: cleared, that hold would wait for the sweeper. Never raises: a
+    wrong note only makes a worker look in Postgres once for nothing."""
+    keys = [_key(queue, "held"), _key(queue, "holds")]
+    args = [
+        "" if holds_seen is None else str(holds_seen),
+        "" if earliest is None else repr(earliest),
+    ]
     try:
-        if earliest is None:
-            shared_redis().delete(_key(queue, "held"))
-        else:
-            shared_redis().set(_key(queue, "held"), repr(earliest), ex=TAG_TTL_S)
+        _script("note_held")(keys=keys, args=args)
     except redis.RedisError:
         logger.warning("fair share: could not note what %s holds back", queue)
+
+
+def holds_committed(starts: dict[str, float]) -> set[str]:
+    """Holds just committed (queue → their earliest start tag): noted again, since a release
+    that looked before the commit may have cleared the note their tags set, and counted.
+    Returns the queues whose workers went idle meanwhile: nobody takes from them to release
+    the work, so the caller releases it. Empty when Redis cannot be reached (the sweeper
+    releases it then)."""
+    if not starts:
+        return set()
+    queues = sorted(starts)
+    keys = [k for q in queues for k in (_key(q, "held"), _key(q, "holds"), _key(q, "idle"))]
+    try:
+        idle = _script("holds_committed")(keys=keys, args=[repr(starts[q]) for q in queues])
+    except redis.RedisError:
+        logger.warning("fair share: could not note the holds of %s", queues)
+        return set()
+    return {queue for queue, flag in zip(queues, idle, strict=True) if flag in (b"1", "1")}
 
 
 def clock(queue: str) -> Clock | None:

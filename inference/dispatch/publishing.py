@@ -15,6 +15,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 import amqp
 from celery.utils.nodenames import anon_nodename
@@ -278,12 +279,12 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool
     (fair_share): its jobs wait in Postgres, counted as dispatched, until `release_held`."""
     jobs = list(jobs)
     sent: list = []
-    held: list[tuple[list[Job], float]] = []
+    held: list[tuple[Destination, list[Job], float]] = []
     messages = _messages(jobs)
     tags = [None] * len(messages) if charged else _fair_tags(messages, holding=counted_on)
     for (target, group), tag in zip(messages, tags, strict=True):
         if tag is not None and tag.held:
-            held.append((group, tag.start))
+            held.append((target, group, tag.start))
             continue
         if charged:
             target = replace(target, priority=queues.MAX_PRIORITY)
@@ -291,7 +292,7 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool
             break
         sent.extend(job.pk for job in group)
     if held and _hold_back(held):
-        sent.extend(job.pk for group, _ in held for job in group)
+        sent.extend(job.pk for _, group, _ in held for job in group)
     if counted_on:
         if len(sent) < len(jobs):
             confirmed = set(sent)
@@ -301,20 +302,40 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool
     return len(sent)
 
 
-def _hold_back(held: list[tuple[list[Job], float]]) -> bool:
+def _hold_back(held: list[tuple[Destination, list[Job], float]]) -> bool:
     """Hold back each message's jobs at its start tag, in one UPDATE. False when Postgres
     is away: the caller leaves them to the outbox (or the lost-message sweep)."""
     starts = Case(
-        *(When(pk__in=[job.pk for job in group], then=Value(start)) for group, start in held),
+        *(When(pk__in=[job.pk for job in group], then=Value(start)) for _, group, start in held),
         output_field=FloatField(),
     )
-    ids = [job.pk for group, _ in held for job in group]
+    ids = [job.pk for _, group, _ in held for job in group]
     try:
         Job.objects.filter(pk__in=ids).hold_back(starts)
     except DatabaseError:
         logger.warning("could not hold back %d jobs", len(ids), exc_info=True)
         return False
+    transaction.on_commit(partial(_holds_committed, held))
     return True
+
+
+def _holds_committed(held: list[tuple[Destination, list[Job], float]]) -> None:
+    """Once the holds are committed: a release can no longer miss them, but one that looked
+    just before may have cleared their note, and the queue's workers may have gone idle
+    since their last look. fair_share.holds_committed notes them again and says which
+    queues nobody takes from; their held work is released here, or it would wait for the
+    sweeper."""
+    earliest: dict[str, float] = {}
+    tiers: dict[str, tuple[str, Tier]] = {}
+    for target, group, start in held:
+        earliest[target.queue] = min(start, earliest.get(target.queue, start))
+        job = group[0]
+        tiers[target.queue] = (job.service.name, Tier(job.serving_tier or job.tier))
+    for queue in sorted(fair_share.holds_committed(earliest)):
+        try:
+            release_held(*tiers[queue])
+        except DatabaseError:
+            logger.warning("could not release held work of %s", queue, exc_info=True)
 
 
 # One release publishes at most this many of the service's batches, and the held start tags
@@ -372,7 +393,11 @@ def release_held(service_name: str, tier: Tier, clock: fair_share.Clock | None =
         else:
             taken = rows[:limit]
         Job.objects.filter(pk__in=[row[0] for row in taken]).mark_published()
-    fair_share.note_held(queue, rows[len(taken)][1] if len(rows) > len(taken) else None)
+    fair_share.note_held(
+        queue,
+        rows[len(taken)][1] if len(rows) > len(taken) else None,
+        holds_seen=clock.holds if clock is not None else None,
+    )
     per_message = jobs_per_message(batch_size)
     by_tenant: dict[int, list[tuple]] = {}
     for row in taken:

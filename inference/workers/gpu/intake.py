@@ -50,12 +50,16 @@ _next_held_look: dict[str, float] = {}
 _releasing: set[str] = set()
 
 
-def _release_soon(service_name: str, tier: Tier, clock: Clock | None, *, look: bool) -> None:
+def _release_soon(
+    service_name: str, tier: Tier, clock: Clock | None, *, look: bool, again: bool = False
+) -> None:
     """Release held work on the store thread (a few Postgres round trips and publishes):
     not on the loop's, where it would lengthen forming and so form the next batch earlier.
-    `look`: Redis noted none, so first ask Postgres whether any is held."""
+    `look`: Redis noted none, so first ask Postgres whether any is held. `again`: even while
+    a release of the queue is waiting; that one may have looked before a hold committed, and
+    this one is the run's last (the worker goes idle)."""
     queue = tier_queue(service_name, tier)
-    if queue in _releasing:
+    if queue in _releasing and not again:
         return
     _releasing.add(queue)
 
@@ -268,7 +272,7 @@ class Intake:
                 taken.setdefault(queue, None)  # its clock says whether work is held
         if not taken:
             return
-        clocks = fair_share.advance(taken)
+        clocks = fair_share.advance(taken, going_idle=ending)
         for queue, tier in tiers.items():
             clock = clocks.get(queue)
             noted = clock is not None and clock.earliest_held is not None
@@ -277,7 +281,7 @@ class Intake:
                 or (tier in short and noted)
                 or (queue in looks and not noted)
             ):
-                _release_soon(self._service_name, tier, clock, look=not noted)
+                _release_soon(self._service_name, tier, clock, look=not noted, again=ending)
 
     def release_before_idle(self) -> None:
         """The run ends: work held back from the tier queues below realtime is released

@@ -137,3 +137,58 @@ def test_a_light_tenants_next_job_goes_ahead_of_the_released_work(served_service
         queue = app.amqp.queues[QUEUE](connection.channel())
         taken = [queue.get(no_ack=True).decode()[0][0] for _ in range(3)]
     assert taken[:2] == [str(first.pk), str(second.pk)], taken  # then the flood's message
+
+
+def _release_elsewhere() -> int:
+    """A worker's release, on its own Postgres session (it sees only committed holds)."""
+    from django.db import connections
+
+    try:
+        return release_held(SERVICE, "batch")
+    finally:
+        connections.close_all()
+
+
+def test_a_release_that_looked_before_a_hold_committed_leaves_it_noted(
+    make_service, make_tenant
+):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import transaction
+
+    from inference.dispatch.publishing import publish_many
+
+    make_service("noop", name=SERVICE, batch_size=1, batch_timeout=0.001)
+    purge_test_queues(service_queues(SERVICE))
+    tenant, _ = make_tenant("racing")
+    jobs = submit(tenant, 2)  # no worker took from the queue yet: both go out (starts 0, 10)
+    purge_test_queues([QUEUE])
+    fair_share.advance({QUEUE: 0.0})  # a worker takes from the queue now
+
+    with transaction.atomic():
+        publish_many(jobs, counted_on=True)  # as first sent: starts 20 and 30, held back
+        assert fair_share.clock(QUEUE).earliest_held == 20
+        with ThreadPoolExecutor(max_workers=1) as other:
+            assert other.submit(_release_elsewhere).result() == 0  # the holds are not committed
+
+    # Committed: the worker's next look finds the note, so the held jobs are not stranded.
+    assert fair_share.clock(QUEUE).earliest_held == 20
+    assert release_held(SERVICE, "batch") == 2
+    assert ready() == 1
+
+
+def test_a_hold_committed_after_the_workers_went_idle_is_released_by_its_sender(
+    served_service, make_tenant
+):
+    tenant, _ = make_tenant("late")
+    submit(tenant, 1)  # start 0 goes out and is taken
+    purge_test_queues([QUEUE])
+    fair_share.advance({QUEUE: None}, going_idle=True)  # the worker's run ended: nothing left
+
+    submit(tenant, 3)  # starts 10 to 30: a quantum or more ahead of V, held back
+
+    # Nobody would take from the queue to release them (the sweeper's backstop is slow):
+    # the submission released them itself.
+    assert not Job.objects.held_back().exists()
+    assert ready() >= 1
+    assert Job.objects.filter(service__name=SERVICE, published_at__isnull=False).count() == 4
