@@ -65,16 +65,22 @@ EXPIRED_IN_QUEUE = "waited longer than the service's queue_timeout before a work
 # The claimed rows come back with their service, tenant and route's backend in the claim's
 # own round trip: a worker claims between forward passes, and storing a routed job's outcome
 # records its attempt on that backend, so asking later would put a round trip on every job.
+# A redelivered job taken over by the process that held it (its broker connection dropped and
+# came back) lost no worker: no attempt is counted, or a broker outage fails good jobs as
+# poison.
 _CLAIM_SQL = """
 UPDATE inference_job AS j
    SET status = 'running', claim_token = %(token)s, claimed_at = %(now)s,
        lease_expires_at = %(now)s + %(lease_s)s * interval '1 second',
-       attempts = j.attempts + %(attempt)s, worker = %(worker)s
+       attempts = j.attempts
+                  + CASE WHEN j.status = 'running' AND j.worker = %(worker)s THEN 0
+                         ELSE %(attempt)s END,
+       worker = %(worker)s
   FROM inference_service AS s, inference_tenant AS t
  WHERE j.id = ANY(%(ids)s::uuid[]) AND s.id = j.service_id AND t.id = j.tenant_id
    AND (j.status = 'queued'
         OR (j.status = 'running' AND j.id = ANY(%(redelivered)s::uuid[])
-            AND j.attempts < %(max_attempts)s))
+            AND (j.attempts < %(max_attempts)s OR j.worker = %(worker)s)))
 RETURNING {columns},
           (SELECT r.backend_id FROM {route_table} AS r WHERE r.job_id = j.id)
 """
@@ -93,7 +99,7 @@ UPDATE inference_job
    SET status = 'failed', finished_at = %(now)s, claim_token = NULL, dead_lettered_at = %(now)s,
        error = 'the worker running this job was lost ' || attempts || ' times; giving up'
  WHERE id = ANY(%(redelivered)s::uuid[]) AND status = 'running'
-   AND attempts >= %(max_attempts)s
+   AND attempts >= %(max_attempts)s AND worker IS DISTINCT FROM %(worker)s
 RETURNING id
 """
 

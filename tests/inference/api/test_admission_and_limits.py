@@ -171,7 +171,8 @@ def test_a_single_job_post_stores_it_in_one_round_trip(api, embedding):
 def test_concurrent_submitters_never_overshoot_max_queue_size(make_tenant, make_service):
     # 8 submitters at once, 40 batch jobs, room for 18 (max_queue_size 20 less the realtime
     # reserve): each count must see every job committed before it, or the queue overfills.
-    service = make_service("embedding", max_queue_size=20)
+    # A service no worker consumes: the suite's session worker would drain its queue.
+    service = make_service("embedding", name="unserved-embedding", max_queue_size=20)
     tenant, _ = make_tenant()
     start = threading.Barrier(8)
 
@@ -183,7 +184,7 @@ def test_concurrent_submitters_never_overshoot_max_queue_size(make_tenant, make_
                 try:
                     submit_job(
                         tenant=tenant,
-                        service_name="embedding",
+                        service_name=service.name,
                         payload={"texts": [f"{k}-{i}"]},
                         priority="batch",
                     )

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 
 from inference.jobs.transitions import TRANSITIONS, Outcome
 from inference.models import Job, JobStatus
@@ -216,3 +217,27 @@ def test_a_claim_a_postgres_crash_undid_still_runs_its_job(make_tenant, make_ser
     assert republish_lost_messages(now=later) == 1
     assert len(Job.objects.claim([job.pk], worker="w2").jobs) == 1
     purge_test_queues(service_queues(service.name))
+
+
+@pytest.mark.django_db
+def test_a_job_redelivered_to_the_process_that_held_it_is_not_counted_as_lost(
+    make_tenant, make_service
+):
+    # A broker connection that drops and comes back redelivers the messages of jobs their
+    # process still runs: taking them over again is no lost worker, however often it happens.
+    tenant, _ = make_tenant("redelivered")
+    service = make_service("noop", name="redelivered")
+    job = _job(tenant, service)
+    Job.objects.claim([job.pk], worker="host:1")
+    for _ in range(settings.RENQ_MAX_ATTEMPTS + 1):
+        claim = Job.objects.claim([job.pk], redelivered_ids=[job.pk], worker="host:1")
+        assert [j.pk for j in claim.jobs] == [job.pk] and not claim.dead_lettered
+    assert Job.objects.get(pk=job.pk).attempts == 1
+
+    # Another process taking it over means its holder was lost: counted, then poison.
+    for attempts in range(2, settings.RENQ_MAX_ATTEMPTS + 1):
+        Job.objects.claim([job.pk], redelivered_ids=[job.pk], worker=f"host:{attempts}")
+        assert Job.objects.get(pk=job.pk).attempts == attempts
+    claim = Job.objects.claim([job.pk], redelivered_ids=[job.pk], worker="host:99")
+    assert claim.dead_lettered == [job.pk] and not claim.jobs
+    assert Job.objects.get(pk=job.pk).status == JobStatus.FAILED
