@@ -4,6 +4,7 @@ processes → the fake upstream over real HTTP → results, attempts and costs b
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 import pytest
 
@@ -206,7 +207,11 @@ def test_rpm_limit_is_enforced_by_three_io_workers_together(
     assert all(j.status == JobStatus.SUCCEEDED for j in jobs)
 
     times = sorted(c["t"] for c in upstream.calls("limited"))
-    assert len(times) >= 10  # the limit was used, not avoided
+    # The limit was used, not avoided: 10 calls started on `limited` (one the fake upstream
+    # failed to answer, under 24 racing threads, went on to `paid`).
+    outcomes = Counter(JobAttempt.objects.filter(backend=limited).values_list("outcome", flat=True))
+    started = sum(n for outcome, n in outcomes.items() if outcome != AttemptOutcome.SKIPPED)
+    assert started >= 10 and len(times) <= started, (outcomes, len(times))
     for i, t in enumerate(times):
         assert sum(1 for u in times[i:] if u < t + 3.0 - 0.1) <= 10, times
     workers = {a.worker for a in JobAttempt.objects.filter(backend=limited)}
