@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from functools import partial
 
 from django.conf import settings
@@ -22,6 +23,8 @@ from inference.workers.gpu.store_thread import beside_stores
 from inference.workers.leases import lease_keeper
 from inference.workers.tier_reader import ReaderPool
 from renq_site import tracing
+
+logger = logging.getLogger(__name__)
 
 
 class BatchRunner:
@@ -103,7 +106,9 @@ class BatchRunner:
             )
         try:
             loop.run()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, SystemExit):
+                _release_stopped_claims(worker)
             # Outcomes may not be stored: hand the pulled messages back now (redelivered, the
             # claim is taken over) rather than waiting for a lease to lapse.
             loop.ledger.requeue(loop.ledger.unsettled())
@@ -115,3 +120,18 @@ class BatchRunner:
         # message would start the next task.
         loop.intake.release_before_idle()
         return report.as_dict()
+
+
+def _release_stopped_claims(worker: str) -> None:
+    """This pool process was stopped on request: Celery terminates it (SIGTERM, which billiard
+    turns into SystemExit) when its broker connection drops with the task running, and at a
+    cold shutdown. No job made it fail, so every job it holds goes back to queued with its
+    attempt uncounted; taken over from their redelivered messages instead, each stop counted
+    an attempt, and a RabbitMQ restart or two failed good jobs as poison."""
+    try:
+        released = Job.objects.filter(worker=worker).release()
+    except Exception:  # noqa: BLE001 - their messages come back all the same: taken over then
+        logger.warning("could not release the claims of %s", worker, exc_info=True)
+        return
+    if released:
+        logger.warning("stopped on request: %d claimed jobs go back to their queues", released)

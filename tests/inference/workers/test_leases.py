@@ -198,3 +198,31 @@ def test_an_idle_peer_takes_the_jobs_a_busy_worker_cannot_start(make_tenant, mak
     assert {job.status for job in done} == {JobStatus.SUCCEEDED}
     assert len({job.worker for job in done}) == 2  # both workers ran some
     assert {job.attempts for job in done} == {1}  # handed back unstarted: no attempt counted
+
+
+def test_a_process_stopped_on_request_hands_its_jobs_back_uncounted(
+    make_tenant, make_service, monkeypatch
+):
+    # Celery terminates a pool process whose broker connection dropped under a running task
+    # (billiard raises SystemExit on the SIGTERM): no job made it fail.
+    tenant, _ = make_tenant()
+    service = make_service("noop", name="lease-stopped", batch_size=2, batch_timeout=0.01)
+    purge_test_queues(service_queues(service.name))
+    jobs = _queued(tenant, service, 4)
+
+    def stopped(self, batch):
+        raise SystemExit(-241)
+
+    monkeypatch.setattr(loop.DrainLoop, "_start", stopped)
+    with pytest.raises(SystemExit):
+        BatchRunner(NoBroker()).run(
+            [str(j.pk) for j in jobs], seed_redelivered=False, seed_tier=None
+        )
+
+    ids = [j.pk for j in jobs]
+    back = Job.objects.filter(pk__in=ids)
+    assert {(j.status, j.attempts, j.worker) for j in back} == {(JobStatus.QUEUED, 0, "")}
+    # Their messages come back redelivered: the next holder's claim is their first attempt.
+    claim = Job.objects.claim(ids, redelivered_ids=ids, worker="peer:2")
+    assert len(claim.jobs) == 4 and not claim.dead_lettered
+    assert set(Job.objects.filter(pk__in=ids).values_list("attempts", flat=True)) == {1}
