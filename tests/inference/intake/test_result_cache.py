@@ -91,7 +91,11 @@ def test_only_greedy_generations_are_cached(api, make_service, temperature, cach
     assert again["status"] == ("succeeded" if cached else "queued")
 
 
-def test_a_hit_counts_against_the_rate_limits_and_quotas(api, make_service):
+def test_a_hit_counts_against_the_rate_limits_and_quotas(api, make_service, monkeypatch):
+    from inference.intake import admission
+
+    # The quota counts per clock minute: all three in the same one, whatever the timing.
+    monkeypatch.setattr(admission, "time", SimpleNamespace(time=lambda: 1_700_000_010.0))
     service = make_service("embedding", enable_cache=True, rate_limit=0)
     _stored_embedding(api.tenant, service, {"texts": ["same"]})
     api.tenant.requests_per_minute = 2
