@@ -205,7 +205,7 @@ class Clock:
     virtual_time: float
     quantum: float
     earliest_held: float | None
-    holds: int = 0
+    holds: int
 
     @property
     def release_due(self) -> bool:
@@ -342,7 +342,7 @@ def holds_committed(starts: dict[str, float]) -> set[str]:
     except redis.RedisError:
         logger.warning("fair share: could not note the holds of %s", queues)
         return set()
-    return {queue for queue, flag in zip(queues, idle, strict=True) if flag in (b"1", "1")}
+    return {queue for queue, flag in zip(queues, idle, strict=True) if flag == b"1"}
 
 
 def clock(queue: str) -> Clock | None:

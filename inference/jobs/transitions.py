@@ -65,9 +65,8 @@ EXPIRED_IN_QUEUE = "waited longer than the service's queue_timeout before a work
 # The claimed rows come back with their service, tenant and route's backend in the claim's
 # own round trip: a worker claims between forward passes, and storing a routed job's outcome
 # records its attempt on that backend, so asking later would put a round trip on every job.
-# A redelivered job taken over by the process that held it (its broker connection dropped and
-# came back) lost no worker: no attempt is counted, or a broker outage fails good jobs as
-# poison.
+# A redelivered job taken over by the process that held it (its reader channel dropped and
+# came back) lost no worker: no attempt is counted.
 _CLAIM_SQL = """
 UPDATE inference_job AS j
    SET status = 'running', claim_token = %(token)s, claimed_at = %(now)s,
@@ -403,8 +402,9 @@ class JobQuerySet(models.QuerySet):
 
     def release(self) -> int:
         """running → queued for claimed jobs this worker hands back unstarted (a peer may
-        start them sooner): nothing ran, so the attempt is not counted. The caller publishes
-        them again."""
+        start them sooner), or holds as it is stopped on request: no job failed, so the
+        attempt is not counted. The caller publishes them again (or their messages come back
+        redelivered)."""
         return self.filter(status=JobStatus.RUNNING).update(
             status=JobStatus.QUEUED,
             claim_token=None,
