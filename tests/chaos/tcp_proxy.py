@@ -211,10 +211,13 @@ class FaultProxy:
             return
         link = _Link(self, client, upstream)
         with self._lock:
-            if self._mode != PASS:  # cut while connecting: this one goes too
-                link.close(reset=True)
-                return
-            self._links.add(link)
+            passing = self._mode == PASS
+            if passing:
+                self._links.add(link)
+        if not passing:  # cut while connecting: this one goes too
+            # Outside the lock: closing a link takes it (_forget), and it is not reentrant.
+            link.close(reset=True)
+            return
         self.forwarded += 1
         link.start()
 
