@@ -23,7 +23,7 @@ from inference.dispatch import fair_share
 from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.workers.cloud import run_cloud_attempt
 from inference.workers.cpu_pinning import keep_off_model_cores
-from inference.workers.gpu.runner import BatchRunner, consumed_tiers
+from inference.workers.gpu.runner import BatchRunner
 from inference.workers.io_turns import IoTurns
 from inference.workers.sweeper import (
     expire_overdue,
@@ -61,7 +61,7 @@ def _tier_weights() -> dict[str, float]:
 _readers = ReaderPool(
     app.connection_for_read, lambda name: app.amqp.queues[name], weights=_tier_weights
 )
-_runner = BatchRunner(_readers, lingers_on=consumed_tiers)
+_runner = BatchRunner(_readers)
 # The I/O worker's cloud calls in tier order: each thread pulls from the io.<tier> queues.
 _io_turns = IoTurns(
     app.connection_for_read, lambda name: app.amqp.queues[name], weights=_tier_weights

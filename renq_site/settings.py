@@ -175,9 +175,6 @@ RENQ_LEASE_CHECK_INTERVAL_S = float(os.environ.get("RENQ_LEASE_CHECK_INTERVAL_S"
 # A queued job whose message was confirmed this long ago and has not been claimed is checked
 # against its queue, busy or not, and published again if its message is gone.
 RENQ_LOST_MESSAGE_AFTER_S = float(os.environ.get("RENQ_LOST_MESSAGE_AFTER_S", "20"))
-# How long a GPU worker's pool process whose run found nothing more to pull waits for the next
-# message on its own channel before its task returns (inference.workers.gpu.runner); 0: never.
-RENQ_WORKER_LINGER_S = float(os.environ.get("RENQ_WORKER_LINGER_S", "1"))
 
 # json: JSON lines with job id, tenant, tier and backend where the log call passed them
 # (renq_site.log_format); Celery workers get the same formatter.

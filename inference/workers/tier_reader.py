@@ -12,9 +12,7 @@ threshold is re-published one tier up (inference.workers.sweeper.promote_waiting
 
 from __future__ import annotations
 
-import itertools
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,7 +21,6 @@ from django.db import Error as DjangoDatabaseError
 from kombu import Connection
 from kombu.exceptions import KombuError
 from kombu.message import Message
-from kombu.serialization import prepare_accept_content
 
 from inference.config.changes import ConfigWatcher
 from inference.dispatch.fair_share import FRESH_HEADER, START_TAG_HEADER
@@ -150,8 +147,6 @@ class TierQueueReader:
             queue.declare()
             self._queues[tier] = queue
         self.share = WeightedShare(weights or DEFAULT_WEIGHTS)
-        self._push_ready = False
-        self._push_tags = itertools.count()
 
     def tier_order(self) -> list[Tier]:
         """Realtime first, always; then the other tiers by how far behind their share."""
@@ -173,54 +168,6 @@ class TierQueueReader:
                 self.charge(pulled)
             return pulled
         return None
-
-    def wait_for_push(self, tiers: list[Tier], timeout_s: float) -> PulledMessage | None:
-        """The first message to reach any of these tier queues within `timeout_s`, pushed to
-        this channel (basic.consume), or None. One at a time: the channel's prefetch is one
-        message, and the consumers are cancelled as soon as it arrives, so nothing else is
-        held here out of RabbitMQ's order. Its jobs count toward its tier's share."""
-        channel = self._channel
-        if not self._push_ready:
-            # Shared by the channel's consumers (RabbitMQ's global flag); basic.get ignores it.
-            channel.basic_qos(0, 1, True)
-            self._push_ready = True
-        arrived: list[PulledMessage] = []
-        tags: list[str] = []
-
-        def on_message(raw, tier: Tier) -> None:
-            message = channel.message_to_python(raw)
-            message.accept = prepare_accept_content(["json"])
-            arrived.append(PulledMessage(message_job_ids(message.decode()[0][0]), tier, message))
-
-        try:
-            for tier in tiers:
-                # No round trips: consume and cancel go out without waiting for their replies.
-                tag = f"renq-push-{tier}-{next(self._push_tags)}"
-                channel.basic_consume(
-                    queue=self._queues[tier].name,
-                    consumer_tag=tag,
-                    callback=lambda raw, tier=tier: on_message(raw, tier),
-                    nowait=True,
-                )
-                tags.append(tag)
-            deadline = time.monotonic() + timeout_s
-            while not arrived and (left := deadline - time.monotonic()) > 0:
-                try:
-                    self._connection.drain_events(timeout=left)
-                except TimeoutError:
-                    break
-        finally:
-            for tag in tags:
-                channel.basic_cancel(tag, nowait=True)
-                # A delivery that crosses the cancel finds no callback: py-amqp rejects it
-                # back to its queue.
-                channel.callbacks.pop(tag, None)
-        for late in arrived[1:]:  # not expected with a prefetch of one; never kept
-            late.message.requeue()
-        if not arrived:
-            return None
-        self.charge(arrived[0])
-        return arrived[0]
 
     def charge(self, pulled: PulledMessage) -> None:
         """The pulled message's jobs count toward its tier's share."""

@@ -156,10 +156,6 @@ class Intake:
         )
 
     @property
-    def service_name(self) -> str:
-        return self._service_name
-
-    @property
     def line(self) -> Line:
         return self._line
 
