@@ -118,10 +118,9 @@ STAGES = [
         ("publish", "start"),
     ),
     ("publish + confirm", ("publish", "start"), ("publish", "end")),
-    # A message reaches a task through Celery's parent and pool, or one that arrives while a
-    # run lingers reaches that run directly: no task span then, so delivery ends at the claim.
+    # Delivery ends where the worker starts its claim, whatever carried the message there.
     (
-        "publish → claim starts (broker; Celery's pool or a lingering run)",
+        "publish → claim starts (broker, Celery's pool, the task's start)",
         ("publish", "start"),
         ("claim", "start"),
     ),

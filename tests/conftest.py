@@ -163,6 +163,18 @@ def _fresh_process_caches():
 
 
 @pytest.fixture
+def admission_clock_fixed(monkeypatch):
+    """Admission's counters count per clock second and minute: every request of the test
+    falls in the same ones, whatever the machine's speed (a burst across a turn would be
+    counted in two)."""
+    from types import SimpleNamespace
+
+    from inference.intake import admission
+
+    monkeypatch.setattr(admission, "time", SimpleNamespace(time=lambda: 1_700_000_010.5))
+
+
+@pytest.fixture
 def make_tenant(db):
     from inference.models import ApiKey, Tenant
 

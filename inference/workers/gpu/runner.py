@@ -126,8 +126,7 @@ def _release_stopped_claims(worker: str) -> None:
     """This pool process was stopped on request: Celery terminates it (SIGTERM, which billiard
     turns into SystemExit) when its broker connection drops with the task running, and at a
     cold shutdown. No job made it fail, so every job it holds goes back to queued with its
-    attempt uncounted; taken over from their redelivered messages instead, each stop counted
-    an attempt, and a RabbitMQ restart or two failed good jobs as poison."""
+    attempt uncounted, or broker restarts would fail good jobs as poison."""
     try:
         released = Job.objects.filter(worker=worker).release()
     except Exception:  # noqa: BLE001 - their messages come back all the same: taken over then

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from types import SimpleNamespace
 
 import pytest
 from django.db import connection, connections
@@ -88,11 +87,7 @@ def test_many_jobs_in_one_request_with_per_item_errors(api, embedding):
     assert AuditEvent.objects.filter(kind="received").count() == 5
 
 
-def test_tenant_quotas_answer_429_naming_the_quota(api, embedding, monkeypatch):
-    from inference.intake import admission
-
-    # The quota counts per clock minute: all three in the same one, whatever the timing.
-    monkeypatch.setattr(admission, "time", SimpleNamespace(time=lambda: 1_700_000_010.0))
+def test_tenant_quotas_answer_429_naming_the_quota(api, embedding, admission_clock_fixed):
     api.tenant.requests_per_minute = 2
     api.tenant.save()
     codes = [submit(api, {"service": "embedding", "input": {"texts": ["a"]}}) for _ in range(3)]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import struct
-from types import SimpleNamespace
 
 import pytest
 from rest_framework.test import APIClient
@@ -224,12 +223,7 @@ def test_full_queue_is_503_with_retry_after(api, make_service):
     assert Job.objects.count() == 2
 
 
-def test_rate_limit_is_429_with_retry_after(api, make_service, monkeypatch):
-    from inference.intake import admission
-
-    # The limit counts jobs per clock second: every request in the same one, whatever the
-    # machine's speed (a burst across a second's turn may take 3 in each).
-    monkeypatch.setattr(admission, "time", SimpleNamespace(time=lambda: 1_700_000_000.5))
+def test_rate_limit_is_429_with_retry_after(api, make_service, admission_clock_fixed):
     make_service("embedding", rate_limit=3)
     codes = [submit(api, service="embedding", input={"texts": ["a"]}).status_code for _ in range(5)]
     assert codes.count(202) <= 3 and 429 in codes, codes

@@ -6,7 +6,6 @@ like any other job (rate limits and quotas) though it neither queues nor runs.""
 from __future__ import annotations
 
 from datetime import timedelta
-from types import SimpleNamespace
 
 import pytest
 from django.conf import settings as django_settings
@@ -91,11 +90,9 @@ def test_only_greedy_generations_are_cached(api, make_service, temperature, cach
     assert again["status"] == ("succeeded" if cached else "queued")
 
 
-def test_a_hit_counts_against_the_rate_limits_and_quotas(api, make_service, monkeypatch):
-    from inference.intake import admission
-
-    # The quota counts per clock minute: all three in the same one, whatever the timing.
-    monkeypatch.setattr(admission, "time", SimpleNamespace(time=lambda: 1_700_000_010.0))
+def test_a_hit_counts_against_the_rate_limits_and_quotas(
+    api, make_service, admission_clock_fixed
+):
     service = make_service("embedding", enable_cache=True, rate_limit=0)
     _stored_embedding(api.tenant, service, {"texts": ["same"]})
     api.tenant.requests_per_minute = 2
@@ -106,11 +103,9 @@ def test_a_hit_counts_against_the_rate_limits_and_quotas(api, make_service, monk
     assert Job.objects.filter(cached=True).count() == 2
 
 
-def test_a_hit_is_refused_by_the_services_rate_limit_too(api, make_service, monkeypatch):
-    from inference.intake import admission
-
-    # Every request in the same second, whatever the machine's speed.
-    monkeypatch.setattr(admission, "time", SimpleNamespace(time=lambda: 1_700_000_000.5))
+def test_a_hit_is_refused_by_the_services_rate_limit_too(
+    api, make_service, admission_clock_fixed
+):
     service = make_service("embedding", enable_cache=True, rate_limit=1)
     _stored_embedding(api.tenant, service, {"texts": ["same"]})
     codes = [submit(api, service="embedding", input={"texts": ["same"]}) for _ in range(2)]
