@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import torch  # noqa: E402
 
 from bench.workloads import short_texts  # noqa: E402
-from inference.engines import EmbeddingEngine  # noqa: E402
+from inference.engines.embedding import EmbeddingEngine  # noqa: E402
 from inference.scheduling.batch_window import BatchItem, BatchWindow  # noqa: E402
 
 # all-MiniLM-L6-v2's shape (its config.json).

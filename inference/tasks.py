@@ -15,7 +15,12 @@ import time
 import redis
 from celery import shared_task
 from celery.exceptions import Reject
-from celery.signals import task_prerun, worker_process_init, worker_process_shutdown
+from celery.signals import (
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+)
 from django.db import DatabaseError, InterfaceError, close_old_connections
 
 from inference.config.tiers import tier_policies
@@ -32,7 +37,7 @@ from inference.workers.sweeper import (
     take_over_lapsed_leases,
 )
 from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool, message_job_ids
-from inference.workers.warmup import warm_engines_for_consumed_queues
+from inference.workers.warmup import import_consumed_engines, warm_engines_for_consumed_queues
 from renq_site.celery import app
 from renq_site.db_sessions import close_old_connections_checked_once_a_second
 from renq_site.garbage_collection import freeze_startup_objects
@@ -143,6 +148,11 @@ def _close_unusable_or_old_connections(**_kwargs) -> None:
     """A task is a request boundary: a Postgres session past CONN_MAX_AGE or broken (e.g. by
     a database restart) is closed and the task opens a fresh one; others are reused."""
     close_old_connections_checked_once_a_second()
+
+
+@worker_init.connect
+def _import_engines(**_kwargs) -> None:
+    import_consumed_engines()
 
 
 @worker_process_init.connect

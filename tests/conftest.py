@@ -300,6 +300,12 @@ class WorkerProcess:
             time.sleep(0.2)
         raise RuntimeError(f"worker not ready: {self.log_path.read_text()[-3000:]}")
 
+    def terminate(self) -> None:
+        """SIGTERM (Celery's warm shutdown) without waiting: workers stopped together shut
+        down together."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -309,6 +315,22 @@ class WorkerProcess:
                 self.proc.kill()
                 self.proc.wait()
         self._log.close()
+
+
+def start_workers(*names: str, **options) -> list[WorkerProcess]:
+    """Workers of the same options, one per name, started together (each start is mostly
+    imports, so two take little longer than one)."""
+    workers = [WorkerProcess(name=name, wait=False, **options) for name in names]
+    for worker in workers:
+        worker._wait_ready()
+    return workers
+
+
+def stop_workers(workers: list[WorkerProcess]) -> None:
+    for worker in workers:
+        worker.terminate()
+    for worker in workers:
+        worker.stop()
 
 
 @pytest.fixture(scope="session")

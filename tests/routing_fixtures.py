@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import ROOT, WorkerProcess
+from tests.conftest import ROOT, WorkerProcess, stop_workers
 
 FAKE_UPSTREAM = Path(__file__).parent / "routing" / "fake_upstream.py"
 FAKE_API_KEY_ENV = "RENQ_TEST_FAKE_API_KEY"
@@ -152,8 +152,7 @@ def io_workers(django_db_setup, django_db_blocker):
     for worker in workers:
         worker._wait_ready()
     yield workers
-    for worker in workers:
-        worker.stop()
+    stop_workers(workers)
     purge_io_queues()
 
 

@@ -9,17 +9,16 @@ worker process loads each model once. A device or dtype given to the call wins o
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
-from inference.engines.base import AUTO, Engine, pick_device, resolve_model_path
-from inference.engines.embedding import EmbeddingEngine
-from inference.engines.llm import LlmEngine
-from inference.engines.reranker import RerankerEngine
+from inference.engines.base import AUTO
 from inference.jobs.kinds import KINDS
 
-# The kinds registry names each kind's engine; this is the same mapping, resolved.
-ENGINE_CLASSES: dict[str, type[Engine]] = {
-    name: spec.engine_class() for name, spec in KINDS.items()
-}
+if TYPE_CHECKING:
+    from inference.engines.base import Engine
+
+# Engines are imported when a model of their kind is first loaded, not with this package: a
+# worker that runs no model (I/O, control, a no-op service) never imports torch.
 
 # By (kind, model_ref, device, dtype) as loaded: one engine per placement.
 _loaded_engines: dict[tuple[str, str, str, str], Engine] = {}
@@ -43,9 +42,9 @@ def load_engine(
     """The process-wide engine for (kind, model_ref), loading it on first use: on `device` and
     in `dtype` when given, else as the model's config entry says, else auto."""
     try:
-        engine_class = ENGINE_CLASSES[kind]
+        kind_spec = KINDS[kind]
     except KeyError:
-        known = ", ".join(sorted(ENGINE_CLASSES))
+        known = ", ".join(sorted(KINDS))
         raise ValueError(f"Unknown engine kind {kind!r}; expected one of: {known}.") from None
     call = (kind, model_ref, device, dtype)
     with _loading_lock:
@@ -56,8 +55,9 @@ def load_engine(
             configured_device, configured_dtype = configured_placement(kind, model_ref)
             device = device or configured_device
             dtype = dtype or configured_dtype
+        engine_class = kind_spec.engine_class()
         # Resolve the device first so "auto" and the device it stands for share one engine.
-        key = (kind, model_ref, pick_device(device), dtype or AUTO)
+        key = (kind, model_ref, engine_class.placed_on(device), dtype or AUTO)
         engine = _loaded_engines.get(key)
         if engine is None:
             engine = engine_class(model_ref, device=key[2], dtype=key[3])
@@ -79,15 +79,4 @@ def clear_engine_cache() -> None:
             close()
 
 
-__all__ = [
-    "ENGINE_CLASSES",
-    "EmbeddingEngine",
-    "Engine",
-    "LlmEngine",
-    "RerankerEngine",
-    "clear_engine_cache",
-    "configured_placement",
-    "load_engine",
-    "pick_device",
-    "resolve_model_path",
-]
+__all__ = ["clear_engine_cache", "configured_placement", "load_engine"]

@@ -9,15 +9,19 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 # Workers have no network: never let transformers/huggingface_hub try to reach the Hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-import torch  # noqa: E402  (after the offline switches, which are read at import time)
-
 from inference.scheduling.bucketing import plan_length_buckets  # noqa: E402
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported where it is used, so this module (and the no-op engine) loads without it;
+# the engines that run a model import it after the offline switches above.
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_PREFIX = "package:"
@@ -55,17 +59,15 @@ def resolve_model_path(model_ref: str) -> Path:
 
 
 AUTO = "auto"
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-}
+DTYPE_NAMES = ("float32", "float16", "bfloat16")
 
 
 def pick_device(requested: str | None) -> str:
     """The device to run on: the requested one, else (None or "auto") CUDA when present, else
     CPU. A requested accelerator this machine lacks is an error, never a quiet fall back to the
     CPU: a model meant for a GPU would run there at a fraction of the speed."""
+    import torch
+
     if not requested or requested == AUTO:
         return "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -117,6 +119,8 @@ def pad_token_rows(
     Done by hand rather than with tokenizer.pad so each text is tokenized once per batch:
     lengths for bucketing and model inputs come from the same encoding.
     """
+    import torch
+
     if side not in ("left", "right"):
         raise ValueError(f"side must be 'left' or 'right', not {side!r}")
 
@@ -157,6 +161,8 @@ class Engine(abc.ABC):
     """
 
     kind: ClassVar[str]
+    # Whether the engine runs torch (its worker sets torch's threads before loading it).
+    uses_torch: ClassVar[bool] = True
     model_ref: str
     device: str
     dtype: torch.dtype
@@ -172,24 +178,32 @@ class Engine(abc.ABC):
     def __init__(self, model_ref: str, *, device: str | None = None, dtype: str | None = None):
         self.model_ref = model_ref
         self.model_path = resolve_model_path(model_ref)
-        self.device = pick_device(device)
+        self.device = self.placed_on(device)
         self.dtype = self.pick_dtype(dtype)
+
+    @classmethod
+    def placed_on(cls, requested: str | None) -> str:
+        """The device an engine of this class runs on when `requested` (pick_device)."""
+        return pick_device(requested)
 
     @property
     def uses_cuda(self) -> bool:
-        return torch.device(self.device).type == "cuda"
+        return self.device.partition(":")[0] == "cuda"
 
     def pick_dtype(self, requested: str | None) -> torch.dtype:
         """The named dtype (float32, float16, bfloat16), else (None or "auto") auto_dtype()."""
+        import torch
+
         if not requested or requested == AUTO:
             return self.auto_dtype()
-        try:
-            return DTYPES[requested]
-        except KeyError:
-            known = ", ".join([AUTO, *DTYPES])
-            raise ValueError(f"dtype {requested!r}: expected one of {known}") from None
+        if requested not in DTYPE_NAMES:
+            known = ", ".join([AUTO, *DTYPE_NAMES])
+            raise ValueError(f"dtype {requested!r}: expected one of {known}")
+        return getattr(torch, requested)
 
     def auto_dtype(self) -> torch.dtype:
+        import torch
+
         # fp16 halves memory and is plenty for encoders on a GPU; CPU fp16 matmuls are slow.
         return torch.float16 if self.uses_cuda else torch.float32
 

@@ -59,6 +59,8 @@ from transformers.generation.continuous_batching.continuous_api import (
 from transformers.generation.continuous_batching.requests import RequestState, RequestStatus
 from transformers.generation.continuous_batching.scheduler import Scheduler
 
+from inference.engines.protocol import Finished, RequestTooLarge
+
 logger = logging.getLogger(__name__)
 
 # The hooks used here are private and changed a lot in transformers 5; pyproject pins this.
@@ -69,36 +71,6 @@ PAGED_ATTENTION = "sdpa_paged"
 MAX_CRASHES = 2
 # While requests wait for cache room (nothing can run), the loop looks again this often.
 BLOCKED_WAIT_S = 0.01
-
-
-class RequestTooLarge(ValueError):
-    """The request needs more KV cache than this model's cache holds, even alone."""
-
-    def __init__(self, needed_tokens: int, limit_tokens: int):
-        self.needed_tokens = needed_tokens
-        self.limit_tokens = limit_tokens
-        super().__init__(
-            f"prompt + max_tokens = {needed_tokens} tokens is more than this model's KV cache "
-            f"holds for one request ({limit_tokens} tokens)"
-        )
-
-
-@dataclass(frozen=True)
-class Finished:
-    """A request's final result (tokens include a final EOS, as generate() returns them)."""
-
-    request_id: str
-    tokens: list[int]
-    finish_reason: str  # "stop" (an EOS or a stop string), "length", "cancelled", "error"
-    prompt_tokens: int
-    max_new_tokens: int
-    error: str | None = None
-    stop_text: str | None = None  # the stop string that ended it
-    admitted_step: int | None = None  # the decode step that first ran it
-    first_token_step: int | None = None
-    finished_step: int | None = None
-    evictions: int = 0
-    restarts: int = 0
 
 
 @dataclass

@@ -44,9 +44,9 @@ from inference.engines.base import Engine, pad_token_rows
 from inference.engines.continuous import (
     PAGED_ATTENTION,
     ContinuousGenerator,
-    Finished,
     size_cache,
 )
+from inference.engines.protocol import RESUME, Finished
 from inference.jobs.inputs import DEFAULT_MAX_TOKENS, DEFAULT_TEMPERATURE
 
 logger = logging.getLogger(__name__)
@@ -54,9 +54,6 @@ logger = logging.getLogger(__name__)
 # "0" turns continuous batching off in this process: every model is served by generate().
 CONTINUOUS_BATCHING_ENV = "RENQ_CONTINUOUS_BATCHING"
 
-# In a result: the generation is unfinished, here is its state; in a payload: continue it.
-# The state: {"prompt_ids", "generated_ids", "streamed"} (the text already streamed).
-RESUME = "resume"
 
 
 class LlmEngine(Engine):

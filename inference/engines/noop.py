@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import time
 
-import torch
-
-from inference.engines.base import Engine
+from inference.engines.base import AUTO, Engine, pick_device
 
 POISON_TEXT = "__renq_poison__"
 
 
 class NoopEngine(Engine):
     kind = "noop"
+    uses_torch = False
     # Nothing is padded: the cost model's padding allowance is 0.
     max_padding_ratio = 0.0
 
@@ -26,7 +25,12 @@ class NoopEngine(Engine):
         # Nothing to load: no model folder, and the CPU is always there; dtype is moot.
         self.model_ref = model_ref
         self.device = device or "cpu"
-        self.dtype = torch.float32
+        self.dtype = "float32"  # nothing runs: no torch dtype
+
+    @classmethod
+    def placed_on(cls, requested: str | None) -> str:
+        # Only a named device is checked (that needs torch): auto is the CPU, always there.
+        return "cpu" if not requested or requested == AUTO else pick_device(requested)
 
     def count_tokens(self, payload: dict) -> int:
         # A slept millisecond counts as a token, so the cost model learns sleeps exactly.

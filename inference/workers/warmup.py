@@ -7,8 +7,8 @@ import logging
 import os
 import time
 
-import torch
 from django.conf import settings
+from django.db import DatabaseError, connections
 
 from inference.dispatch.queues import served_service_names
 from inference.engines import load_engine
@@ -26,11 +26,36 @@ def consumed_service_names() -> set[str]:
     return served_service_names(set(app.amqp.queues.consume_from or {}))
 
 
+def _consumed_services() -> list[Service]:
+    return list(Service.objects.filter(name__in=consumed_service_names(), active=True))
+
+
+def import_consumed_engines() -> None:
+    """In a prefork worker's parent, before its pool starts: import the engines of the services
+    it consumes (torch, transformers), so a pool process started again after a crash inherits
+    them instead of importing them anew before it can load its model. A worker that runs no
+    model imports neither."""
+    try:
+        kinds = {service.kind for service in _consumed_services()}
+    except DatabaseError:
+        logger.warning("could not read the consumed services; pool processes import engines")
+        return
+    finally:
+        # The pool processes fork from here: none may share this process's session.
+        connections.close_all()
+    for kind in kinds:
+        kind_of(kind).engine_class()
+
+
 def warm_engines_for_consumed_queues() -> None:
-    threads = int(os.environ.get("RENQ_TORCH_THREADS", "0")) or os.cpu_count() or 1
-    torch.set_num_threads(threads)
+    services = _consumed_services()
+    if any(kind_of(service.kind).engine_class().uses_torch for service in services):
+        import torch
+
+        threads = int(os.environ.get("RENQ_TORCH_THREADS", "0")) or os.cpu_count() or 1
+        torch.set_num_threads(threads)
     failed: list[str] = []
-    for service in Service.objects.filter(name__in=consumed_service_names(), active=True):
+    for service in services:
         logger.info("loading %s model %s", service.kind, service.model_ref)
         try:
             # RENQ_DEVICE, when set, wins over the model's configured device.

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from django.utils import timezone
 
 from inference.delivery.streaming import TextRelay
-from inference.engines.continuous import Finished, RequestTooLarge
+from inference.engines.protocol import Finished, RequestTooLarge
 from inference.jobs.tiers import Tier
 from inference.jobs.transitions import Outcome
 from inference.metrics.log_fields import job_fields

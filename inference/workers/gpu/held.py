@@ -7,7 +7,7 @@ from datetime import datetime
 
 from opentelemetry.trace import SpanContext
 
-from inference.engines.llm import RESUME
+from inference.engines.protocol import RESUME
 from inference.jobs.kinds import kind_of
 from inference.jobs.transitions import Claim, Outcome
 from inference.models import Job

@@ -21,7 +21,7 @@ from dataclasses import replace
 import numpy as np
 from django.utils import timezone
 
-from inference.engines.llm import RESUME
+from inference.engines.protocol import RESUME
 from inference.jobs.tiers import Tier
 from inference.jobs.transitions import Outcome
 from inference.models import Service

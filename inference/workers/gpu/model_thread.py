@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from django.utils import timezone
 
 from inference.delivery.streaming import TextRelay
-from inference.engines.llm import RESUME
+from inference.engines.protocol import RESUME
 from inference.jobs.transitions import Outcome
 from inference.metrics.log_fields import job_fields
 from inference.models import Job

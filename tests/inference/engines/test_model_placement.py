@@ -10,7 +10,8 @@ import torch
 
 from inference.config.file import apply_config, parse_config
 from inference.config.models import ModelSpec
-from inference.engines import clear_engine_cache, load_engine, pick_device
+from inference.engines import clear_engine_cache, load_engine
+from inference.engines.base import pick_device
 from inference.models import Service
 
 pytestmark = pytest.mark.django_db

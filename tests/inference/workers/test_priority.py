@@ -16,7 +16,7 @@ from inference.intake.submission import submit_job
 from inference.models import Job, JobStatus
 from inference.scheduling.cost_model import BatchCostModel
 from inference.workers.sweeper import expire_overdue, promote_waiting_jobs
-from tests.conftest import WorkerProcess, in_process_loop, wait_for_job
+from tests.conftest import in_process_loop, start_workers, stop_workers, wait_for_job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -94,7 +94,7 @@ def test_aging_promotes_a_waiting_job_for_every_worker(
     assert promote_waiting_jobs() == 0  # batch's own threshold (600 s) is far away
 
     # Two workers: whichever takes a copy first runs it; the other copy is dropped at claim.
-    workers = [WorkerProcess(services=("aging",), name=f"aging{i}") for i in range(2)]
+    workers = start_workers("aging0", "aging1", services=("aging",))
     try:
         done = wait_for_job(old.pk, timeout_s=30)
         assert done.status == JobStatus.SUCCEEDED and done.attempts == 1
@@ -106,8 +106,7 @@ def test_aging_promotes_a_waiting_job_for_every_worker(
         done.refresh_from_db()
         assert done.attempts == 1
     finally:
-        for worker in workers:
-            worker.stop()
+        stop_workers(workers)
     assert service.pk
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 from django.core.management import call_command
@@ -60,6 +61,10 @@ def test_an_io_worker_needs_no_model(make_service):
     try:
         result = probe_until_settled(worker.node_name)
         assert result.ready, result.detail
+        # It runs no model, so it never loads torch: it starts in a fraction of the time and
+        # memory of a GPU worker.
+        mapped = Path(f"/proc/{worker.proc.pid}/maps").read_text()
+        assert "libtorch" not in mapped
     finally:
         worker.stop()
 
