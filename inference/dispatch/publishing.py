@@ -367,8 +367,10 @@ def release_held(service_name: str, tier: Tier, clock: fair_share.Clock | None =
     at one level (RELEASED_PRIORITY): what is out then lies within a few quanta of start
     tags, where arrival order is close to start-tag order, and nothing released sinks below
     later released work. Notes the earliest start tag still held. Returns the jobs published.
-    Concurrent releases take different jobs (SKIP LOCKED); a publish that fails leaves its
-    jobs to the outbox. Without Redis's clock the earliest held go, at the plan's priority.
+    Concurrent releases take different jobs (SKIP LOCKED); a publish that fails, or a
+    release that dies before its publishes are confirmed, leaves its jobs to the outbox
+    (they are stamped published only once sent). Without Redis's clock the earliest held
+    go, at the plan's priority.
 
     Held jobs are bound for the tier queue of a worker (only those are held), so they are
     published from their ids, without loading them."""
@@ -392,7 +394,7 @@ def release_held(service_name: str, tier: Tier, clock: fair_share.Clock | None =
             taken = [row for row in rows[:limit] if row[1] < window_end]
         else:
             taken = rows[:limit]
-        Job.objects.filter(pk__in=[row[0] for row in taken]).mark_published()
+        Job.objects.filter(pk__in=[row[0] for row in taken]).release_hold()
     fair_share.note_held(
         queue,
         rows[len(taken)][1] if len(rows) > len(taken) else None,
@@ -407,21 +409,27 @@ def release_held(service_name: str, tier: Tier, clock: fair_share.Clock | None =
         for tenant_rows in by_tenant.values()
         for first in range(0, len(tenant_rows), per_message)
     ]
-    sent = 0
-    unsent: list = []
+    sent: list = []
     for message in sorted(messages, key=lambda message: message[0][1]):
         ids = [str(row[0]) for row in message]
         start = message[0][1]
         priority = message[0][3] if clock is None else RELEASED_PRIORITY
         target = Destination(RUN_JOB_TASK, (ids[0],), queue, priority)
         tag = fair_share.Tag(start, priority)
-        if unsent or not _send_ids(target, ids, tag, persistent=True):
-            unsent.extend(row[0] for row in message)
-        else:
-            sent += len(message)
-    if unsent:
-        _unmark(unsent)
-    return sent
+        if not _send_ids(target, ids, tag, persistent=True):
+            break  # the rest stay unconfirmed: the outbox sends them
+        sent.extend(row[0] for row in message)
+    if sent:
+        _stamp_published(sent)
+    return len(sent)
+
+
+def _stamp_published(job_ids: list) -> None:
+    try:
+        Job.objects.filter(pk__in=job_ids).mark_published()
+    except DatabaseError:
+        # Sent, unstamped: the outbox sends them once more (a duplicate, dropped at claim).
+        logger.warning("could not stamp %d released jobs as published", len(job_ids))
 
 
 def _unmark(job_ids: list) -> None:

@@ -507,6 +507,12 @@ class JobQuerySet(models.QuerySet):
             published_at=timezone.now(), held_start=None
         )
 
+    def release_hold(self) -> int:
+        """Held jobs leave Postgres for their queue: no longer held, and unconfirmed until their
+        message is (mark_published), so the outbox sends them should that publish never
+        complete (the releasing process dies mid-way)."""
+        return self.filter(status=JobStatus.QUEUED).update(published_at=None, held_start=None)
+
     def hold_back(self, start: float | Expression) -> int:
         """Queued jobs whose turn in their tenant's fair share is still far off: no message
         goes out for them until it nears (inference.dispatch.publishing.release_held).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from inference.dispatch import fair_share
+from inference.dispatch import fair_share, publishing
 from inference.dispatch.broker import ready_message_counts
 from inference.dispatch.publishing import release_held, republish_unpublished
 from inference.dispatch.queues import service_queues, tier_queue
@@ -93,6 +93,29 @@ def test_held_work_is_released_earliest_start_first_whoever_sent_it_first(
     assert set(Job.objects.held_back().values_list("pk", flat=True)) == {
         job.pk for job in early[5:] + late[5:]
     }
+
+
+def test_held_work_whose_release_dies_before_its_publish_is_left_to_the_outbox(
+    served_service, make_tenant, monkeypatch
+):
+    tenant, _ = make_tenant("cut-short")
+    submit(tenant, 10)  # start 0 goes out, 9 are held
+    purge_test_queues([QUEUE])
+    held = list(Job.objects.held_back().values_list("pk", flat=True))
+
+    def terminated(*_args, **_kwargs):
+        raise SystemExit(-15)  # Celery ends the pool process on a broker connection loss
+
+    monkeypatch.setattr(publishing, "_send_ids", terminated)
+    with pytest.raises(SystemExit):
+        release_held(SERVICE, "batch")
+    monkeypatch.undo()
+
+    # Taken from the holds, never sent: the outbox's, not lost until the lost-message sweep.
+    unsent = Job.objects.filter(pk__in=held, status="queued", held_start__isnull=True)
+    assert unsent.count() >= 1 and not unsent.filter(published_at__isnull=False).exists()
+    assert republish_unpublished(older_than_s=0) == unsent.count()
+    assert ready() >= 1
 
 
 def test_the_sweeper_releases_held_work_of_a_queue_nobody_takes_from(served_service, make_tenant):
