@@ -55,7 +55,6 @@ logger = logging.getLogger(__name__)
 CONTINUOUS_BATCHING_ENV = "RENQ_CONTINUOUS_BATCHING"
 
 
-
 class LlmEngine(Engine):
     """payload {"prompt", "max_tokens", "temperature"} → {"text", "usage", "finish_reason"}.
 
