@@ -37,7 +37,11 @@ from inference.workers.sweeper import (
     take_over_lapsed_leases,
 )
 from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool, message_job_ids
-from inference.workers.warmup import import_consumed_engines, warm_engines_for_consumed_queues
+from inference.workers.warmup import (
+    consumed_service_names,
+    import_consumed_engines,
+    warm_engines_for_consumed_queues,
+)
 from renq_site.celery import app
 from renq_site.db_sessions import close_old_connections_checked_once_a_second
 from renq_site.garbage_collection import freeze_startup_objects
@@ -66,7 +70,7 @@ def _tier_weights() -> dict[str, float]:
 _readers = ReaderPool(
     app.connection_for_read, lambda name: app.amqp.queues[name], weights=_tier_weights
 )
-_runner = BatchRunner(_readers)
+_runner = BatchRunner(_readers, served=consumed_service_names)
 # The I/O worker's cloud calls in tier order: each thread pulls from the io.<tier> queues.
 _io_turns = IoTurns(
     app.connection_for_read, lambda name: app.amqp.queues[name], weights=_tier_weights

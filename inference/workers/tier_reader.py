@@ -169,6 +169,10 @@ class TierQueueReader:
             return pulled
         return None
 
+    def waiting(self, tier: Tier) -> int:
+        """Messages ready in the tier's queue (a passive declare: one round trip)."""
+        return self._queues[tier].queue_declare(passive=True).message_count
+
     def charge(self, pulled: PulledMessage) -> None:
         """The pulled message's jobs count toward its tier's share."""
         self.share.served(pulled.tier, len(pulled.job_ids))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from django.db import DatabaseError
@@ -29,6 +30,7 @@ from inference.workers.gpu.line import Line
 from inference.workers.gpu.report import BatchReport
 from inference.workers.gpu.store_thread import beside_stores
 from inference.workers.tier_reader import (
+    BROKER_ERRORS,
     DEFAULT_WEIGHTS,
     PulledMessage,
     ReaderPool,
@@ -44,6 +46,9 @@ logger = logging.getLogger(__name__)
 # Redis noted none for (see Intake._advance_fair_share); queue → when next (monotonic).
 HELD_LOOK_S = 1.0
 _next_held_look: dict[str, float] = {}
+# How often a run looks at the realtime queues of the worker's other services (a passive
+# declare each): what waits there waits this long at most, plus the passes the run holds.
+OTHER_REALTIME_LOOK_S = 0.1
 
 
 # Queues whose release waits on the store thread: one at a time each.
@@ -119,9 +124,13 @@ class Intake:
         line: Line,
         ledger: MessageLedger,
         report: BatchReport,
+        also_served: Sequence[str] = (),
     ):
         self.reader = reader  # None once the broker is lost: nothing more is pulled
         self._pull_until = pull_until  # time.monotonic()'s; after it only realtime work
+        # The other services this worker serves, and when their realtime queues were looked at.
+        self._also_served = also_served
+        self._looked_elsewhere_at = -OTHER_REALTIME_LOOK_S
         self._readers = readers
         self._service_name = service_name
         self._batch_size = batch_size
@@ -140,9 +149,11 @@ class Intake:
         worker: str,
         report: BatchReport,
         drain_limit_s: float,
+        also_served: Sequence[str] = (),
     ) -> Intake:
         """One run's intake, with the run's ledger of pulled messages and its line of claimed
-        jobs (ordered by the reader's tier share)."""
+        jobs (ordered by the reader's tier share). `also_served`: the worker's other services,
+        whose realtime work ends the run."""
         return cls(
             reader,
             readers=readers,
@@ -153,6 +164,7 @@ class Intake:
             line=Line(reader.share if reader is not None else WeightedShare(DEFAULT_WEIGHTS)),
             ledger=MessageLedger(readers, service.name),
             report=report,
+            also_served=[name for name in also_served if name != service.name],
         )
 
     @property
@@ -165,8 +177,33 @@ class Intake:
 
     @property
     def pulling(self) -> bool:
-        """Messages may still be pulled: the broker is there and the drain limit not past."""
-        return self.reader is not None and time.monotonic() < self._pull_until
+        """Messages may still be pulled: the broker is there, the drain limit not past, and no
+        other service of this worker has realtime work waiting (it gets the next run)."""
+        if self.reader is None or time.monotonic() >= self._pull_until:
+            return False
+        if self._realtime_elsewhere():
+            self._pull_until = 0.0  # the run ends with the work it holds
+            return False
+        return True
+
+    def _realtime_elsewhere(self) -> bool:
+        """Whether another service of this worker has realtime work waiting: a run drains its
+        own service for up to the drain limit, and the task's message holds the worker's one
+        delivery slot meanwhile, so that work would wait for the run to end."""
+        now = time.monotonic()
+        if not self._also_served or now - self._looked_elsewhere_at < OTHER_REALTIME_LOOK_S:
+            return False
+        self._looked_elsewhere_at = now
+        for name in self._also_served:
+            reader = self._readers.get(name) if self._readers is not None else None
+            if reader is None:
+                continue
+            try:
+                if reader.waiting(Tier.REALTIME):
+                    return True
+            except BROKER_ERRORS:
+                self._readers.discard(name)
+        return False
 
     def reader_lost(self) -> None:
         """The broker connection broke: a fresh one opens for the next task."""

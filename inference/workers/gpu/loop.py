@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
@@ -73,6 +74,7 @@ class DrainLoop:
         model_thread: ModelThread,
         worker: str,
         report: BatchReport,
+        also_served: Sequence[str] = (),
     ):
         self.report = report
         self.intake = Intake.for_run(
@@ -82,6 +84,7 @@ class DrainLoop:
             worker=worker,
             report=report,
             drain_limit_s=DRAIN_LIMIT_S,
+            also_served=also_served,
         )
         self.ledger, self.line = self.intake.ledger, self.intake.line
         # One per task: a task starts from what every worker has stored, so a chunked

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from functools import partial
 
 from django.conf import settings
@@ -28,10 +29,15 @@ logger = logging.getLogger(__name__)
 
 
 class BatchRunner:
-    """One per worker process: its readers of the tier queues and its model thread."""
+    """One per worker process: its readers of the tier queues and its model thread.
+    `served`: the services whose queues the worker consumes (another's realtime work ends a
+    run)."""
 
-    def __init__(self, readers: ReaderPool | None):
+    def __init__(
+        self, readers: ReaderPool | None, served: Callable[[], Iterable[str]] = tuple
+    ):
         self._readers = readers
+        self._served = served
         self._model_thread = ModelThread()
 
     def run(
@@ -99,6 +105,7 @@ class BatchRunner:
                 model_thread=self._model_thread,
                 worker=worker,
                 report=report,
+                also_served=list(self._served()),
             )
         for job in seed_claim.jobs:
             loop.hold(

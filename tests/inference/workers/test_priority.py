@@ -413,3 +413,34 @@ def test_a_queue_of_jobs_past_their_deadline_does_not_hold_a_due_batch(
         assert left[tier_queue("dead-backlog", "api")] > 100, left
         loop.ledger.ack(loop.ledger.unsettled())
     purge_test_queues(service_queues("dead-backlog"))
+
+
+def test_realtime_work_of_another_service_is_not_held_behind_a_long_run(
+    make_tenant, make_service
+):
+    from inference.dispatch.queues import service_queues
+    from tests.conftest import WorkerProcess, purge_test_queues
+
+    for name in ("long-run", "urgent"):
+        make_service("noop", name=name, batch_size=1, batch_timeout=0.001)
+        purge_test_queues(service_queues(name))
+    tenant, _ = make_tenant()
+    worker = WorkerProcess(services=("long-run", "urgent"), name="two-services")
+    try:
+        backlog = [submit(tenant, "long-run", sleep_ms=100, text=f"b{i}") for i in range(60)]
+        deadline = time.time() + 30
+        running = Job.objects.filter(pk__in=[j.pk for j in backlog], status=JobStatus.RUNNING)
+        while time.time() < deadline and not running.exists():
+            time.sleep(0.02)
+        urgent = submit(tenant, "urgent", priority="realtime", text="now")
+        urgent = wait_for_job(urgent.pk, timeout_s=30)
+        done = [wait_for_job(j.pk, timeout_s=60) for j in backlog]
+    finally:
+        worker.stop()
+        for name in ("long-run", "urgent"):
+            purge_test_queues(service_queues(name))
+    assert urgent.status == JobStatus.SUCCEEDED
+    # A run drains its own service's backlog: the other service's realtime job ran in the
+    # middle of it, not once it was drained.
+    assert urgent.claimed_at < max(j.finished_at for j in done)
+    assert sum(1 for j in done if j.claimed_at > urgent.finished_at) >= 10
