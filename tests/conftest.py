@@ -308,7 +308,7 @@ class WorkerProcess:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from tests.conftest import ROOT, WorkerProcess, stop_workers
+from tests.conftest import ROOT, start_workers, stop_workers
 
 FAKE_UPSTREAM = Path(__file__).parent / "routing" / "fake_upstream.py"
 FAKE_API_KEY_ENV = "RENQ_TEST_FAKE_API_KEY"
@@ -138,19 +138,13 @@ def io_workers(django_db_setup, django_db_blocker):
 
     os.environ[FAKE_API_KEY_ENV] = FAKE_API_KEY  # inherited by the worker processes
     purge_io_queues()
-    workers = [
-        WorkerProcess(
-            services=(),
-            concurrency=8,
-            name=f"io{i}",
-            extra_queues=tuple(io_queues()),
-            pool="threads",
-            wait=False,
-        )
-        for i in range(IO_WORKER_COUNT)
-    ]
-    for worker in workers:
-        worker._wait_ready()
+    workers = start_workers(
+        *(f"io{i}" for i in range(IO_WORKER_COUNT)),
+        services=(),
+        concurrency=8,
+        extra_queues=tuple(io_queues()),
+        pool="threads",
+    )
     yield workers
     stop_workers(workers)
     purge_io_queues()

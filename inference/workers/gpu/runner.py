@@ -38,6 +38,7 @@ class BatchRunner:
     ):
         self._readers = readers
         self._served = served
+        self._served_names: list[str] | None = None  # the -Q queues never change: read once
         self._model_thread = ModelThread()
 
     def run(
@@ -62,6 +63,11 @@ class BatchRunner:
             finally:
                 if moved is not None:
                     moved.result()  # never raises: a clock that could not move is logged
+
+    def _served_services(self) -> list[str]:
+        if self._served_names is None:
+            self._served_names = list(self._served())
+        return self._served_names
 
     def _run(
         self, seed_job_ids: list[str], *, seed_redelivered: bool, seed_tier: str | None
@@ -105,7 +111,7 @@ class BatchRunner:
                 model_thread=self._model_thread,
                 worker=worker,
                 report=report,
-                also_served=list(self._served()),
+                also_served=self._served_services(),
             )
         for job in seed_claim.jobs:
             loop.hold(
