@@ -25,6 +25,7 @@ from django.db import DatabaseError, InterfaceError, close_old_connections
 
 from inference.config.tiers import tier_policies
 from inference.dispatch import fair_share
+from inference.dispatch.publishing import INPUT_HEADER
 from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.workers.cloud import run_cloud_attempt
 from inference.workers.cpu_pinning import keep_off_model_cores
@@ -97,6 +98,8 @@ def run_job(self, job_id: str | list[str]) -> dict:
             seed_taken={info["routing_key"]: float(start_tag)}
             if start_tag is not None and info.get("routing_key")
             else None,
+            seed_queue=info.get("routing_key"),
+            seed_input=getattr(self.request, INPUT_HEADER, None),
         )
     except INFRASTRUCTURE_ERRORS as exc:
         raise _requeue_after_outage(exc) from exc

@@ -49,6 +49,11 @@ MIN_JOBS_PER_MESSAGE = 8
 MAX_JOBS_PER_MESSAGE = 64
 # A publish RabbitMQ has not confirmed by then counts as failed (the outbox sends it again).
 CONFIRM_TIMEOUT_S = 10.0
+# A realtime job's own message also carries its input (a copy: the input never changes, and
+# the row stays the record), so the worker starts its forward pass while it claims the job.
+INPUT_HEADER = "renq_input"
+# Larger inputs are read at the claim: a copy in the message would cost more than it saves.
+MAX_CARRIED_INPUT_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -222,18 +227,36 @@ def _send(target: Destination, jobs: Sequence[Job], tag: fair_share.Tag | None) 
     # RabbitMQ restart, the row in Postgres outlives it and the lost-message sweep publishes
     # it again, by when a realtime job has mostly passed its queue_timeout anyway.
     persistent = any(job.tier != Tier.REALTIME for job in jobs)
-    return _send_ids(target, [str(job.pk) for job in jobs], tag, persistent=persistent)
+    carried = carried_input(jobs[0]) if target.task == RUN_JOB_TASK and len(jobs) == 1 else None
+    return _send_ids(
+        target, [str(job.pk) for job in jobs], tag, persistent=persistent, carried=carried
+    )
+
+
+def carried_input(job: Job) -> str | None:
+    """The input a realtime job's message carries (JSON), or None: not realtime, too large."""
+    if (job.serving_tier or job.tier) != Tier.REALTIME:
+        return None
+    text = json.dumps(job.input)
+    return text if len(text) <= MAX_CARRIED_INPUT_BYTES else None
 
 
 def _send_ids(
-    target: Destination, job_ids: list[str], tag: fair_share.Tag | None, *, persistent: bool
+    target: Destination,
+    job_ids: list[str],
+    tag: fair_share.Tag | None,
+    *,
+    persistent: bool,
+    carried: str | None = None,
 ) -> bool:
     args = list(target.args) if len(job_ids) == 1 else [job_ids]
-    priority, headers = target.priority, None
+    priority, headers = target.priority, {}
     if tag is not None:
         priority, headers = tag.priority, {fair_share.START_TAG_HEADER: tag.start}
         if tag.fresh:
             headers[fair_share.FRESH_HEADER] = True
+    if carried is not None:
+        headers[INPUT_HEADER] = carried
     try:
         with tracing.span("renq.publish", SpanKind.PRODUCER, queue=target.queue, job_ids=job_ids):
             publish_task(

@@ -27,6 +27,7 @@ from inference.jobs.tiers import Tier
 from inference.jobs.transitions import Outcome
 from inference.models import Service
 from inference.scheduling.cost_model import BatchCostModel
+from inference.workers.gpu.early_pass import EarlyPass
 from inference.workers.gpu.former import BatchFormer
 from inference.workers.gpu.held import PART_RUN, Held, Resume, left_unfinished
 from inference.workers.gpu.intake import Intake
@@ -103,15 +104,17 @@ class DrainLoop:
         """A claimed job to run (a seed), held in the line until its batch is formed."""
         self.former.hold(held, tier)
 
-    def run(self) -> None:
+    def run(self, early: EarlyPass | None = None) -> None:
+        """`early`: the seed's pass, started before its claim (used if it forms the first
+        batch alone)."""
         try:
-            self._drain()
+            self._drain(early)
         finally:
             # The last batch's outcomes are stored and its messages acked before the task
             # returns, or, after an error, before the unacked rest go back to their queues.
             self.writer.written()
 
-    def _drain(self) -> None:
+    def _drain(self, early: EarlyPass | None) -> None:
         # A realtime seed starts its pass at once: realtime work waiting beside it is pulled
         # while that pass runs, for the next one. At idle there is none, and looking for it
         # first would put a broker round trip and a cost-model read between claim and pass.
@@ -119,7 +122,7 @@ class DrainLoop:
         batch = self.former.form(company=not realtime_seed)
         running: tuple[list[Held], Future] | None = None
         if batch:
-            running = (batch, self._start(batch))
+            running = (batch, self._adopt(batch, early) or self._start(batch))
         while running is not None:
             held, future = running
             # While the model runs: form and claim the next batch, as late as the pass allows,
@@ -222,6 +225,16 @@ class DrainLoop:
         tracing.end_when_done(span, future)
         # Work-sharing: this worker holds what its next pass runs (formed while this one
         # runs), not what a peer could start now; handed back while the model is busy.
+        self.intake.hand_back(self.line.take_unstarted())
+        return future
+
+    def _adopt(self, batch: list[Held], early: EarlyPass | None) -> Future | None:
+        """The early pass as this batch's, when the batch is its job alone and whole."""
+        future = early.adopt(batch[0]) if early is not None and len(batch) == 1 else None
+        if future is None:
+            return None
+        self.report.batches += 1
+        self._started_at = early.started_at
         self.intake.hand_back(self.line.take_unstarted())
         return future
 

@@ -14,6 +14,7 @@ from inference.engines import load_engine
 from inference.jobs.tiers import Tier
 from inference.models import Job
 from inference.workers import worker_identity
+from inference.workers.gpu.early_pass import start_early_pass
 from inference.workers.gpu.generation_loop import GenerationLoop
 from inference.workers.gpu.held import Held
 from inference.workers.gpu.intake import note_claim
@@ -48,17 +49,25 @@ class BatchRunner:
         seed_redelivered: bool,
         seed_tier: str | None,
         seed_taken: dict[str, float] | None = None,
+        seed_queue: str | None = None,
+        seed_input: str | None = None,
     ) -> dict:
         """Claim the seed jobs (the task's message), then drain: run them and what waits
         behind them. `seed_taken`: the seed message's queue and start tag, which move that
-        queue's fair-share clock (fair_share.advance). Returns the BatchReport, as a dict."""
+        queue's fair-share clock (fair_share.advance). `seed_input`: the input a realtime
+        seed's message carried (from `seed_queue`): its pass starts before its claim
+        (early_pass). Returns the BatchReport, as a dict."""
         with lease_keeper.holding():
             # On the store thread, beside the claim: a Redis round trip that need not sit
             # between an idle realtime job's delivery and its pass (the clock only moves up).
             moved = beside_stores(partial(fair_share.advance, seed_taken)) if seed_taken else None
             try:
                 return self._run(
-                    seed_job_ids, seed_redelivered=seed_redelivered, seed_tier=seed_tier
+                    seed_job_ids,
+                    seed_redelivered=seed_redelivered,
+                    seed_tier=seed_tier,
+                    seed_queue=seed_queue,
+                    seed_input=seed_input,
                 )
             finally:
                 if moved is not None:
@@ -70,11 +79,23 @@ class BatchRunner:
         return self._served_names
 
     def _run(
-        self, seed_job_ids: list[str], *, seed_redelivered: bool, seed_tier: str | None
+        self,
+        seed_job_ids: list[str],
+        *,
+        seed_redelivered: bool,
+        seed_tier: str | None,
+        seed_queue: str | None,
+        seed_input: str | None,
     ) -> dict:
         report = BatchReport()
         worker = worker_identity()
         seed_trace = tracing.current_context()  # the task's span, in its message's trace
+        early = None
+        if seed_input is not None and seed_queue and seed_tier == Tier.REALTIME:
+            if len(seed_job_ids) == 1:
+                early = start_early_pass(
+                    self._model_thread, seed_job_ids[0], seed_queue, seed_input, seed_trace
+                )
         with tracing.batch_span("renq.claim", [seed_trace], job_ids=seed_job_ids, tier=seed_tier):
             seed_claim = Job.objects.claim(
                 seed_job_ids,
@@ -118,7 +139,10 @@ class BatchRunner:
                 Held(job, seed_claim, trace=seed_trace), Tier(seed_tier) if seed_tier else None
             )
         try:
-            loop.run()
+            if isinstance(loop, DrainLoop):
+                loop.run(early=early)
+            else:
+                loop.run()
         except BaseException as exc:
             if isinstance(exc, SystemExit):
                 _release_stopped_claims(worker)

@@ -245,3 +245,41 @@ def test_jobs_submitted_together_travel_an_eighth_of_a_batch_to_a_message(
     assert ready_message_counts([queue]) == {queue: messages}
     published = Job.objects.filter(pk__in=[j.pk for j in jobs], published_at__isnull=False)
     assert published.count() == 100
+
+
+def _ready_headers(queue: str) -> list[dict]:
+    from renq_site.celery import app
+
+    headers = []
+    with app.connection_for_read() as connection:
+        channel = connection.default_channel
+        while (message := channel.basic_get(queue, no_ack=True)) is not None:
+            headers.append(message.headers)
+    return headers
+
+
+def test_a_realtime_jobs_message_carries_its_input_unless_it_is_large(make_tenant, make_service):
+    # The worker starts a realtime job's pass while it claims it (workers/gpu/early_pass.py).
+    from inference.dispatch.publishing import INPUT_HEADER, MAX_CARRIED_INPUT_BYTES
+    from inference.dispatch.queues import service_queues, tier_queue
+    from inference.intake.submission import submit_job
+    from tests.conftest import purge_test_queues
+
+    make_service("noop", name="carried-input")
+    purge_test_queues(service_queues("carried-input"))
+    tenant, _ = make_tenant()
+    small = {"texts": ["hello"]}
+    large = {"texts": ["x" * MAX_CARRIED_INPUT_BYTES]}
+    for payload, priority in ((small, "realtime"), (large, "realtime"), (small, "batch")):
+        submit_job(
+            tenant=tenant, service_name="carried-input", payload=payload, priority=priority
+        )
+
+    realtime = _ready_headers(tier_queue("carried-input", "realtime"))
+    batch = _ready_headers(tier_queue("carried-input", "batch"))
+
+    assert [json.loads(h[INPUT_HEADER]) if INPUT_HEADER in h else None for h in realtime] == [
+        small,
+        None,
+    ]
+    assert [INPUT_HEADER in h for h in batch] == [False]
