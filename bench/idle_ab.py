@@ -9,7 +9,7 @@ client-observed time minus the raw forward pass of the same texts in this proces
 bench/fast_path.py.
 
     git worktree add /tmp/base <commit>
-    .venv/bin/python bench/idle_ab.py --base /tmp/base [--requests 300]
+    .venv/bin/python bench/idle_ab.py --base /tmp/base [--requests 300] [--tier api]
 
 The base checkout needs fixtures/models (copy them) and runs on this checkout's .venv.
 """
@@ -51,19 +51,19 @@ def _summary(values: list[float]) -> dict:
     }
 
 
-def _request(session, url: str, path: str, service: str, text: str) -> float:
-    """One realtime request of one text, answered 200: client-observed ms."""
+def _request(session, url: str, path: str, service: str, text: str, tier: str) -> float:
+    """One request of one text at `tier`, answered 200: client-observed ms."""
     started = time.perf_counter()
     if path == "v1":
         answer = session.post(
             f"{url}/v1/embeddings",
             json={"model": service, "input": text},
-            headers={"X-Renq-Priority": "realtime"},
+            headers={"X-Renq-Priority": tier},
         )
     else:
         answer = session.post(
             f"{url}/api/v1/jobs?wait=10",
-            json={"service": service, "priority": "realtime", "input": {"texts": [text]}},
+            json={"service": service, "priority": tier, "input": {"texts": [text]}},
         )
     elapsed_ms = (time.perf_counter() - started) * 1000
     if answer.status_code != 200:
@@ -71,7 +71,7 @@ def _request(session, url: str, path: str, service: str, text: str) -> float:
     return elapsed_ms
 
 
-def run(base: Path, requests_each: int) -> dict:
+def run(base: Path, requests_each: int, tier: str = "realtime") -> dict:
     import django
 
     django.setup()
@@ -113,13 +113,14 @@ def run(base: Path, requests_each: int) -> dict:
                 for side in ("base", "head") if i % 2 else ("head", "base"):
                     for path in ("v1", "rest_wait"):
                         elapsed_ms = _request(
-                            sessions[side], urls[side], path, services[side], text
+                            sessions[side], urls[side], path, services[side], text, tier
                         )
                         if i >= WARM_UP:
                             overhead[f"{side}_{path}"].append(elapsed_ms - raw_ms)
     return {
         "base": str(base),
         "requests_each": requests_each,
+        "tier": tier,
         "raw_forward_p50_ms": round(raw_ms, 2),
         "overhead": {name: _summary(values) for name, values in overhead.items()},
     }
@@ -129,9 +130,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", type=Path, required=True, help="the other checkout")
     parser.add_argument("--requests", type=int, default=300, help="per checkout and path")
+    parser.add_argument(
+        "--tier",
+        default="realtime",
+        choices=("realtime", "api"),
+        help="the requests' tier (api: what a client that names none gets by default)",
+    )
     parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
     args = parser.parse_args()
-    result = run(args.base.resolve(), args.requests)
+    result = run(args.base.resolve(), args.requests, args.tier)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:

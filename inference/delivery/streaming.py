@@ -18,7 +18,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import redis
 
-from inference.delivery.waiting import SUBSCRIBE_CONFIRM_TIMEOUT_S, _async_redis, job_channel
+from inference.delivery.waiting import (
+    SUBSCRIBE_CONFIRM_TIMEOUT_S,
+    Notice,
+    _async_redis,
+    job_channel,
+)
 from renq_site.shared_redis import shared_redis
 
 logger = logging.getLogger(__name__)
@@ -101,7 +106,10 @@ async def generated_text(
                 continue
             channel = message["channel"].decode()
             if channel == job_channel(job_id):
-                return
+                notice = Notice.decode(message["data"])
+                if notice is None or notice.stored:
+                    return
+                continue  # its answer before the store: the row the caller reads comes next
             piece = json.loads(message["data"])
             if piece["seq"] == next_seq:
                 next_seq += 1

@@ -170,8 +170,8 @@ def _publish_each_script(client: redis.Redis) -> Script:
 
 
 def answer_before_store(succeeded: Sequence[Outcome]) -> None:
-    """Announce realtime successes with their outcome before they are stored (their notice
-    says so): a front-door client waiting on one has its answer a store sooner. `succeeded`
+    """Announce realtime and api successes with their outcome before they are stored (their
+    notice says so): a front-door client waiting on one has its answer a store sooner. `succeeded`
     name the backend their store will record. Nothing accepted is lost by it: should the
     store not happen (the worker dies, its claim is taken over), the job runs again and is
     stored then. A REST waiter waits for the stored notice, so what it answers is what a

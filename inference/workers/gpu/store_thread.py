@@ -116,7 +116,7 @@ class OutcomeWriter:
                 observe_time_to_first_token(service.name, outcome.result["first_token_ms"] / 1000)
             by_claim.setdefault(held.claim.token, (held.claim, []))[1].append(outcome)
         # Before the store is even handed over: the waiting front door answers now.
-        answer_before_store(self._realtime_answers(service, finished))
+        answer_before_store(self._interactive_answers(service, finished))
         write = None
         if finished:
             span = tracing.start_batch_span(
@@ -156,13 +156,14 @@ class OutcomeWriter:
         record_local_throughput(storing.outcomes)
 
     @staticmethod
-    def _realtime_answers(service: Service, finished: list[tuple[Held, Outcome]]) -> list:
-        """The realtime successes, each named by the backend its store will record (from the
-        cached route; one whose backend is not there waits for its store's notice)."""
+    def _interactive_answers(service: Service, finished: list[tuple[Held, Outcome]]) -> list:
+        """The successes of the tiers a client may be waiting on (realtime and api), each named
+        by the backend its store will record (from the cached route; one whose backend is not
+        there waits for its store's notice)."""
         answers = []
         names: dict[int, str] | None = None
         for held, outcome in finished:
-            if outcome.result is None or held.job.tier != Tier.REALTIME:
+            if outcome.result is None or not Tier(held.job.tier).is_interactive:
                 continue
             backend_id = held.claim.route_backend_ids.get(held.job.pk)
             if backend_id is not None:

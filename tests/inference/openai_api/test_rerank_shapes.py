@@ -8,6 +8,7 @@ import pytest
 import requests
 
 from inference.models import Job, JobStatus
+from tests.conftest import wait_for_job
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
 
@@ -16,7 +17,8 @@ DOCUMENTS = ["a cat is an animal", "tax forms are due", "cats purr"]
 
 
 def job_of(answer_id: str) -> Job:
-    return Job.objects.get(pk=answer_id.removeprefix("rerank-"))
+    """The answer's job once stored (an api or realtime answer comes just before its store)."""
+    return wait_for_job(answer_id.removeprefix("rerank-"))
 
 
 def stored_ranking(job: Job) -> list[tuple[int, float]]:
@@ -80,7 +82,7 @@ def test_tei_rerank_answers_a_list_and_needs_no_model(
     )
     assert response.status_code == 200, response.text
     answer = response.json()
-    job = Job.objects.get(pk=response.headers["X-Renq-Job-Id"])
+    job = job_of(response.headers["X-Renq-Job-Id"])
     assert job.service.name == "reranker"  # the only reranker service
     assert [(item["index"], item["score"]) for item in answer] == stored_ranking(job)
     assert [item["text"] for item in answer] == [DOCUMENTS[item["index"]] for item in answer]

@@ -48,7 +48,8 @@ def test_embeddings_base64_is_the_stored_bytes(gpu_worker, client):
     raw = client.embeddings.with_raw_response.create(
         model="embedding", input=TEXTS, encoding_format="base64"
     )
-    stored = bytes(Job.objects.get(pk=raw.headers["X-Renq-Job-Id"]).result_vectors)
+    # The answer comes just before its store: the row once stored.
+    stored = bytes(wait_for_job(raw.headers["X-Renq-Job-Id"]).result_vectors)
     row = len(stored) // len(TEXTS)
     assert row == 384 * 4
     sent = [base64.b64decode(item.embedding) for item in raw.parse().data]

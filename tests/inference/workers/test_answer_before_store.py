@@ -1,4 +1,4 @@
-"""A realtime success is announced before its row is stored, then again once stored."""
+"""A realtime or api success is announced before its row is stored, then again once stored."""
 
 from __future__ import annotations
 
@@ -53,8 +53,11 @@ def _stored_while_heard(tier: str, make_tenant, make_service) -> tuple[list[byte
         pubsub.close()
 
 
-def test_a_realtime_success_is_announced_before_and_after_its_store(make_tenant, make_service):
-    heard, job = _stored_while_heard("realtime", make_tenant, make_service)
+@pytest.mark.parametrize("tier", ["realtime", "api"])
+def test_an_interactive_success_is_announced_before_and_after_its_store(
+    make_tenant, make_service, tier
+):
+    heard, job = _stored_while_heard(tier, make_tenant, make_service)
     notices = [Notice.decode(data) for data in heard]
     assert [(n.stored, n.result) for n in notices] == [(False, {"count": 1}), (True, {"count": 1})]
     assert (job.status, job.result) == (JobStatus.SUCCEEDED, {"count": 1})
