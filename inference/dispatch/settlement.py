@@ -28,6 +28,7 @@ from routing.breaker import CircuitBreaker
 from routing.capacity import record_local_batch
 from routing.cascade import FallbackCascade
 from routing.models import Backend, JobRoute
+from routing.router import route_entries
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +74,16 @@ def local_attempts(
     }
     if not mine:
         return [Attempt(o) for o in outcomes]
-    backends = Backend.objects.in_bulk(set(mine.values()))
+    # From the routes the worker keeps cached: a SELECT here was a round trip per batch
+    # stored. A backend disabled since the claim is no longer there: read it.
+    backends = {
+        e.backend_id: e.backend
+        for service_id in {o.job.service_id for o in outcomes}
+        for e in route_entries(service_id)
+    }
+    missing = set(mine.values()) - backends.keys()
+    if missing:
+        backends |= Backend.objects.in_bulk(missing)
     return [
         Attempt(
             o,

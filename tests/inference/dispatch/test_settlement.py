@@ -4,6 +4,8 @@ worker's store thread and the I/O worker do with the outcomes of the jobs they c
 from __future__ import annotations
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from inference.dispatch.settlement import Attempt, local_attempts, settle_attempts
 from inference.jobs.transitions import Outcome
@@ -12,6 +14,7 @@ from renq_site.shared_redis import shared_redis
 from routing.backends.base import BackendError
 from routing.breaker import CircuitBreaker
 from routing.models import AttemptOutcome, JobAttempt, JobRoute
+from routing.router import forget_routes, route_entries
 
 pytestmark = pytest.mark.django_db
 
@@ -70,6 +73,26 @@ def test_a_local_pass_records_its_routed_attempts_and_stores_every_outcome(claim
     assert {job.status for job in jobs.values()} == {JobStatus.SUCCEEDED}
     # The attempt row first: whoever sees the job succeeded also sees how.
     assert attempt.finished_at <= jobs[routed.pk].finished_at
+
+
+def test_a_routed_pass_is_stored_without_reading_its_backend_again(
+    claimed, make_backend, make_route
+):
+    # The worker has its service's route cached; the store thread does not ask for the
+    # backend a round trip at a time, and the attempt still names it.
+    local = make_backend("local-embedding", kind="local")
+    claim = claimed(1, local, routed=1)
+    make_route(claim.jobs[0].service, (local, 0))
+    forget_routes()
+    route_entries(claim.jobs[0].service_id)  # as the worker's claim path has it cached
+    outcome = Outcome(job=claim.jobs[0], result={"embeddings": [[0.0]]}, batch_size=1, tokens=3)
+
+    with CaptureQueriesContext(connection) as queries:
+        stored = settle_attempts(claim.token, local_attempts([outcome], claim.route_backend_ids))
+
+    assert [o.backend for o in stored] == ["local-embedding"]
+    assert JobAttempt.objects.get().backend == local
+    assert not [q for q in queries if 'FROM "routing_backend"' in q["sql"]]
 
 
 def test_a_local_pass_that_failed_every_job_counts_against_the_backend_and_one_bad_input_not(
