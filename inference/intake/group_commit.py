@@ -10,7 +10,9 @@ a group is what piled up during one round trip, so it grows with the load.
 
 A group is one implicit transaction: it commits whole or not at all. When it fails (a queue
 full, a quota reached, an Idempotency-Key taken, Postgres away), every member runs its own
-statements alone, so each gets exactly the answer it would have got without the group.
+statements alone, so each gets exactly the answer it would have got without the group; when
+its connection broke with the statements sent (it may have committed), every member is told
+so (OutcomeUnknown) instead.
 Members go in order of the advisory locks they take (their admission checks: a service's
 queue capacity, a tenant's running jobs), and a member's own statements stay in their order,
 so its checks count the jobs of the members before it. Every transaction takes its locks in
@@ -29,6 +31,7 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 
+from inference.intake.row_writer import OutcomeUnknown
 from inference.models import Job
 
 logger = logging.getLogger(__name__)
@@ -49,7 +52,9 @@ class _Submission:
     def __init__(self, statements: Statements, jobs: Sequence[Job], lock_order: tuple):
         self.statements, self.jobs, self.lock_order = statements, jobs, lock_order
         self.done = threading.Event()
-        self.outcome = ""  # "committed", "alone" (run your own statements) or "lead"
+        # "committed", "alone" (run your own statements), "lead", or "unknown" (the group's
+        # connection broke with its statements sent: they may have committed)
+        self.outcome = ""
 
 
 class GroupCommit:
@@ -97,6 +102,8 @@ class GroupCommit:
             if mine.outcome == "alone":
                 self._alone(mine)
                 return
+            if mine.outcome == "unknown":
+                raise OutcomeUnknown("the connection broke under this submission's group")
             # "lead": the previous leader handed this thread the submissions waiting now.
         self._lead(mine)
 
@@ -140,6 +147,14 @@ class GroupCommit:
             statements.insert(0, _lock_statement(sorted(taken)))
         try:
             self._execute(statements)
+        except OutcomeUnknown:
+            # It may have committed: run alone, a member's jobs could be stored twice. Each
+            # member raises it to its own caller, which knows what to do with its jobs.
+            for member in group:
+                if member is not mine:
+                    member.outcome = "unknown"
+                    member.done.set()
+            raise
         except BaseException:
             # Nothing of the group was committed: each member finds out alone what its own
             # statements do (a refusal, a conflict, an outage).

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
-from django.db import connections
+from django.db import OperationalError, connections
 from django.db.models import Model
 
 
@@ -69,16 +69,30 @@ def _db_value(field, obj: Model, connection, as_is: type | None):
     return field.get_db_prep_save(value, connection)
 
 
+class OutcomeUnknown(OperationalError):
+    """The connection broke after the statements were sent: they may have committed."""
+
+
 def run_in_one_round_trip(statements: Sequence[tuple[str, list]], using: str = "default") -> None:
     """Several statements in one execute. Inside a transaction they are part of it; outside
     one, PostgreSQL runs a query string of several statements as one implicit transaction:
-    they commit together, or an error in any of them rolls them all back."""
+    they commit together, or an error in any of them rolls them all back. Raises
+    OutcomeUnknown when the connection broke with them sent (a connection that could not
+    be opened raises before anything is sent)."""
     if not statements:
         return
     with connections[using].cursor() as cursor:
-        cursor.execute(
-            ";\n".join(sql for sql, _ in statements), [p for _, ps in statements for p in ps]
-        )
+        try:
+            cursor.execute(
+                ";\n".join(sql for sql, _ in statements), [p for _, ps in statements for p in ps]
+            )
+        except OperationalError as exc:
+            # No SQLSTATE: the socket closed under the query. Class 57P: the server was shut
+            # down or crashed while running it. Either way its COMMIT may have happened.
+            code = getattr(exc.__cause__, "pgcode", None)
+            if code is None or code.startswith("57P"):
+                raise OutcomeUnknown(*exc.args) from exc
+            raise
 
 
 def insert_statements(*groups: Sequence[Model], using: str = "default") -> list[tuple[str, list]]:

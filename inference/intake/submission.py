@@ -37,7 +37,12 @@ from inference.intake.audit import receipts, record_event
 from inference.intake.entitlements import plan_tier, realtime_cap_reason, reserve_realtime
 from inference.intake.group_commit import GroupCommit
 from inference.intake.lookups import active_service, forget_all
-from inference.intake.row_writer import insert_statements, mark_saved, run_in_one_round_trip
+from inference.intake.row_writer import (
+    OutcomeUnknown,
+    insert_statements,
+    mark_saved,
+    run_in_one_round_trip,
+)
 from inference.jobs.inputs import InputError, check_storable_text
 from inference.jobs.kinds import kind_of, validate_input
 from inference.jobs.tiers import TIER_NAMES, Tier, promises_latency
@@ -312,6 +317,13 @@ def accept(
             else:
                 lock_order = tuple(check.lock_key for check, _ in checked)
                 _group_commit.submit(statements, created, lock_order=lock_order)
+        except OutcomeUnknown:
+            if not connection.in_atomic_block:
+                # The jobs may be stored, each counted as published: without a message one
+                # would wait for the lost-message sweep. A message for a job that was not
+                # stored is dropped at its claim. The client is still told 503.
+                publish_many(created, counted_on=True)
+            raise
         except DatabaseError as exc:
             refusal = next((r for c, _ in checked if (r := c.refusal(exc)) is not None), None)
             if refusal is not None:

@@ -119,3 +119,59 @@ def test_a_refused_member_leaves_the_others_of_its_group_accepted(
     queue = tier_queue("roomy", accepted[0].tier)
     assert sum(ready_message_counts([queue]).values()) == 3
 
+
+
+@pytest.fixture
+def reply_lost(monkeypatch):
+    """Every commit goes through, then its connection breaks before the answer is read (a
+    server stopped just after COMMIT): the submitter cannot know that it committed."""
+    from inference.intake.row_writer import OutcomeUnknown
+
+    group_commit = submission._group_commit
+    execute = group_commit._execute
+
+    def committed_then_lost(statements):
+        execute(statements)
+        raise OutcomeUnknown("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(group_commit, "_execute", committed_then_lost)
+
+
+def test_a_submission_whose_commit_reply_was_lost_is_refused_yet_dispatched(
+    make_tenant, make_service, reply_lost
+):
+    # Its job may be stored (here it is): it gets its message now, not a minute later from
+    # the lost-message sweep. The client hears 503 and may retry.
+    from inference.intake.row_writer import OutcomeUnknown
+
+    make_service("noop", name="reply-lost")
+    purge_test_queues(service_queues("reply-lost"))
+    tenant, _ = make_tenant()
+
+    with pytest.raises(OutcomeUnknown):
+        submit_job(tenant=tenant, service_name="reply-lost", payload={"texts": ["x"]})
+
+    job = Job.objects.get(service__name="reply-lost")
+    queue = tier_queue("reply-lost", job.tier)
+    assert ready_message_counts([queue]) == {queue: 1}
+    purge_test_queues(service_queues("reply-lost"))
+
+
+def test_members_of_a_group_whose_commit_reply_was_lost_are_not_run_again_alone(
+    make_tenant, make_service, first_commit_held, reply_lost
+):
+    # Run alone after a group that did commit, a member would store its job a second time.
+    from inference.intake.row_writer import OutcomeUnknown
+
+    make_service("noop", name="reply-lost-group")
+    purge_test_queues(service_queues("reply-lost-group"))
+    tenant, _ = make_tenant()
+    first_commit_held["waiting"] = 3
+    answers = _submit_concurrently(tenant, ["reply-lost-group"] * 4, first_commit_held)
+
+    assert all(isinstance(answer, OutcomeUnknown) for answer in answers), answers
+    jobs = Job.objects.filter(service__name="reply-lost-group")
+    assert jobs.count() == 4
+    queue = tier_queue("reply-lost-group", jobs[0].tier)
+    assert ready_message_counts([queue]) == {queue: 4}
+    purge_test_queues(service_queues("reply-lost-group"))

@@ -72,3 +72,46 @@ def django_assert_no_queries():
             assert not self.captured_queries, self.captured_queries
 
     return _NoQueries(connection)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_broken_under_the_statements_says_their_outcome_is_unknown():
+    # The server ended the session while it ran them (as a stopping server does): whether
+    # they committed cannot be known from this side.
+    import threading
+
+    from django.db import connections
+
+    from inference.intake.row_writer import OutcomeUnknown, run_in_one_round_trip
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        pid = cursor.fetchone()[0]
+
+    def terminate() -> None:
+        other = connections.create_connection("default")
+        try:
+            with other.cursor() as cursor:
+                cursor.execute("SELECT pg_sleep(0.3); SELECT pg_terminate_backend(%s)", [pid])
+        finally:
+            other.close()
+
+    killer = threading.Thread(target=terminate)
+    killer.start()
+    try:
+        with pytest.raises(OutcomeUnknown):
+            run_in_one_round_trip([("SELECT pg_sleep(%s)", [5])])
+    finally:
+        killer.join()
+        connection.close()
+
+
+@pytest.mark.django_db
+def test_a_statement_postgres_refused_is_not_an_unknown_outcome():
+    from django.db import DatabaseError
+
+    from inference.intake.row_writer import OutcomeUnknown, run_in_one_round_trip
+
+    with pytest.raises(DatabaseError) as refused:
+        run_in_one_round_trip([("SELECT 1/0", [])])
+    assert not isinstance(refused.value, OutcomeUnknown)
