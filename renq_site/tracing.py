@@ -138,11 +138,15 @@ def span(name: str, kind: SpanKind = SpanKind.INTERNAL, **attributes: Any) -> It
 
 
 def start_batch_span(
-    name: str, contexts: Iterable[SpanContext | None], **attributes: Any
+    name: str,
+    contexts: Iterable[SpanContext | None],
+    *,
+    start_time_ns: int | None = None,
+    **attributes: Any,
 ) -> Span | None:
     """A started span of work on several jobs: a child of the first job's trace, linked to
     every job's (`contexts`, one per job, None for a job published untraced). The caller
-    ends it."""
+    ends it. `start_time_ns` (time.time_ns()): work that began before its trace was known."""
     if _tracer is None:
         return None
     distinct = list({(c.trace_id, c.span_id): c for c in contexts if c is not None}.values())
@@ -152,6 +156,7 @@ def start_batch_span(
         context=parent,
         links=[Link(c) for c in distinct],
         attributes=_attributes(attributes),
+        start_time=start_time_ns,
     )
 
 

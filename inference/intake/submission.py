@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
+from inference.dispatch.head_start import offer_head_start
 from inference.dispatch.placement import check_servable, routes_on_submit, token_estimate
 from inference.dispatch.publishing import publish_many, publish_many_on_commit
 from inference.intake.admission import (
@@ -316,6 +317,9 @@ def accept(
                 publish_many_on_commit(created, counted_on=True)
             else:
                 lock_order = tuple(check.lock_key for check, _ in checked)
+                if len(created) == 1:
+                    # Before the commit: an idle worker starts the pass meanwhile.
+                    offer_head_start(created[0])
                 _group_commit.submit(statements, created, lock_order=lock_order)
         except OutcomeUnknown:
             if not connection.in_atomic_block:

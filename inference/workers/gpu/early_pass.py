@@ -1,23 +1,32 @@
-"""A realtime job's forward pass, started while its claim is on its way to Postgres.
+"""A realtime job's forward pass, started before its claim: while the claim is on its way to
+Postgres, or, from a head start, before the job is even committed.
 
 A worker given a realtime message that carries its job's input (`INPUT_HEADER`) starts the
 pass at once and claims beside it, so the claim's round trip and the forming of the batch
-overlap the model instead of preceding it. The claim still decides: only a job it hands this
-worker, and that the loop then runs alone and whole, has the pass's outcome announced and
-stored; any other outcome is dropped, as a duplicate message's job is.
+overlap the model instead of preceding it. An idle worker also takes head starts
+(inference.dispatch.head_start): the web offers a realtime job's input before its commit, and
+the pass then runs while the INSERT, the publish and the delivery are under way. The claim
+still decides: only a job it hands this worker, and that the loop then runs alone and whole,
+has the pass's outcome announced and stored; any other outcome is dropped, as a duplicate
+message's job is.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 
+import redis
 from django.conf import settings
+from django.db import close_old_connections
 
+from inference.dispatch.head_start import MAX_OFFER_AGE_S, Offer, take_offer
 from inference.dispatch.queues import served_service_names
 from inference.engines import load_engine
 from inference.intake.lookups import active_service
@@ -29,14 +38,35 @@ from renq_site import tracing
 
 logger = logging.getLogger(__name__)
 
+# How long one wait for a head-start offer blocks, and the pause after Redis failed.
+OFFER_WAIT_S = 5
+REDIS_RETRY_S = 1.0
+
 
 @dataclass
 class EarlyPass:
     """The pass started for one job before its claim returned."""
 
     job_id: str
+    service_name: str
     future: Future
     started_at: float  # time.monotonic()
+    started_ns: int = 0  # time.time_ns(), for its span
+    ended_ns: int | None = None
+
+    def trace_in(self, trace) -> None:
+        """A head start's pass in the trace of its job's message (it began before there was
+        one), over the time it ran."""
+        span = tracing.start_batch_span(
+            "renq.forward",
+            [trace],
+            start_time_ns=self.started_ns,
+            service=self.service_name,
+            batch_size=1,
+            job_ids=[self.job_id],
+        )
+        if span is not None:
+            self.future.add_done_callback(lambda _: span.end(end_time=self.ended_ns))
 
     def adopt(self, held: Held) -> Future | None:
         """The pass's outcomes as the claimed job's, when `held` is that job run whole (not a
@@ -81,10 +111,83 @@ def start_early_pass(
         return None
     if streamed or getattr(engine, "supports_continuous", False):
         return None
-    span = tracing.start_batch_span(
-        "renq.forward", [trace], service=service.name, batch_size=1, job_ids=[job_id]
-    )
-    started_at = time.monotonic()
+    # A head start (no trace yet) is traced once its message's run adopts it (trace_in).
+    span = None
+    if trace is not None:
+        span = tracing.start_batch_span(
+            "renq.forward", [trace], service=service.name, batch_size=1, job_ids=[job_id]
+        )
+    started_at, started_ns = time.monotonic(), time.time_ns()
     future = model_thread.infer(engine, [job], [0])
+    early = EarlyPass(job_id, service.name, future, started_at, started_ns)
+    future.add_done_callback(lambda _: setattr(early, "ended_ns", time.time_ns()))
     tracing.end_when_done(span, future)
-    return EarlyPass(job_id, future, started_at)
+    return early
+
+
+class HeadStarts:
+    """The head starts one worker process takes: a thread waits for offers for its realtime
+    queues and, while no run is under way and the model thread is free, starts the offered
+    job's pass. The next run adopts it when its seed is that job; otherwise it is dropped."""
+
+    def __init__(self, model_thread: ModelThread):
+        self._model_thread = model_thread
+        self._lock = threading.Lock()
+        self._running = False
+        self._started: EarlyPass | None = None
+        self._listening = False
+
+    def listen(self, queues: Sequence[str]) -> None:
+        """Start taking offers for `queues` (once per process, after the pool's fork)."""
+        if self._listening or not queues:
+            return
+        self._listening = True
+        threading.Thread(
+            target=self._listen, args=(list(queues),), name="renq-head-starts", daemon=True
+        ).start()
+
+    def begin(self, seed_job_id: str | None) -> EarlyPass | None:
+        """A run starts (no offer is taken until it ends): the head start of its seed, if
+        this process started one."""
+        with self._lock:
+            self._running = True
+            started, self._started = self._started, None
+        return started if started is not None and started.job_id == seed_job_id else None
+
+    def end(self) -> None:
+        """The run's model is free (its last outcomes may still be being stored): offers are
+        taken again."""
+        with self._lock:
+            self._running = False
+
+    def offered(self, offer: Offer) -> EarlyPass | None:
+        """Start the offered job's pass if this process is idle; the pass started, or None."""
+        if offer.age_s > MAX_OFFER_AGE_S:
+            return None
+        with self._lock:
+            busy = self._started is not None and not self._started.future.done()
+            if self._running or busy:
+                return None
+            self._started = start_early_pass(
+                self._model_thread, offer.job_id, offer.queue, offer.carried, None
+            )
+            return self._started
+
+    def _listen(self, queues: list[str]) -> None:
+        client = redis.Redis.from_url(
+            settings.RENQ_REDIS_URL, socket_timeout=OFFER_WAIT_S + 5, socket_connect_timeout=5
+        )
+        while True:
+            try:
+                offer = take_offer(client, queues, OFFER_WAIT_S)
+            except redis.RedisError:
+                time.sleep(REDIS_RETRY_S)
+                continue
+            if offer is None:
+                continue
+            try:
+                self.offered(offer)
+            except Exception:  # noqa: BLE001 - a head start must never stop the next one
+                logger.warning("head start for job %s failed", offer.job_id, exc_info=True)
+            finally:
+                close_old_connections()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as wait_futures
@@ -104,11 +104,16 @@ class DrainLoop:
         """A claimed job to run (a seed), held in the line until its batch is formed."""
         self.former.hold(held, tier)
 
-    def run(self, early: EarlyPass | None = None) -> None:
+    def run(
+        self, early: EarlyPass | None = None, on_model_free: Callable[[], None] | None = None
+    ) -> None:
         """`early`: the seed's pass, started before its claim (used if it forms the first
-        batch alone)."""
+        batch alone). `on_model_free`: called once the last pass has ended and no batch
+        follows, before the last outcomes are stored."""
         try:
             self._drain(early)
+            if on_model_free is not None:
+                on_model_free()
         finally:
             # The last batch's outcomes are stored and its messages acked before the task
             # returns, or, after an error, before the unacked rest go back to their queues.

@@ -14,7 +14,7 @@ from inference.engines import load_engine
 from inference.jobs.tiers import Tier
 from inference.models import Job
 from inference.workers import worker_identity
-from inference.workers.gpu.early_pass import start_early_pass
+from inference.workers.gpu.early_pass import EarlyPass, HeadStarts, start_early_pass
 from inference.workers.gpu.generation_loop import GenerationLoop
 from inference.workers.gpu.held import Held
 from inference.workers.gpu.intake import note_claim
@@ -41,6 +41,7 @@ class BatchRunner:
         self._served = served
         self._served_names: list[str] | None = None  # the -Q queues never change: read once
         self._model_thread = ModelThread()
+        self.head_starts = HeadStarts(self._model_thread)
 
     def run(
         self,
@@ -61,6 +62,9 @@ class BatchRunner:
             # On the store thread, beside the claim: a Redis round trip that need not sit
             # between an idle realtime job's delivery and its pass (the clock only moves up).
             moved = beside_stores(partial(fair_share.advance, seed_taken)) if seed_taken else None
+            head_start = self.head_starts.begin(
+                seed_job_ids[0] if len(seed_job_ids) == 1 and seed_tier == Tier.REALTIME else None
+            )
             try:
                 return self._run(
                     seed_job_ids,
@@ -68,8 +72,10 @@ class BatchRunner:
                     seed_tier=seed_tier,
                     seed_queue=seed_queue,
                     seed_input=seed_input,
+                    head_start=head_start,
                 )
             finally:
+                self.head_starts.end()
                 if moved is not None:
                     moved.result()  # never raises: a clock that could not move is logged
 
@@ -86,12 +92,15 @@ class BatchRunner:
         seed_tier: str | None,
         seed_queue: str | None,
         seed_input: str | None,
+        head_start: EarlyPass | None,
     ) -> dict:
         report = BatchReport()
         worker = worker_identity()
         seed_trace = tracing.current_context()  # the task's span, in its message's trace
-        early = None
-        if seed_input is not None and seed_queue and seed_tier == Tier.REALTIME:
+        early = head_start
+        if early is not None:
+            early.trace_in(seed_trace)
+        elif seed_input is not None and seed_queue and seed_tier == Tier.REALTIME:
             if len(seed_job_ids) == 1:
                 early = start_early_pass(
                     self._model_thread, seed_job_ids[0], seed_queue, seed_input, seed_trace
@@ -140,7 +149,8 @@ class BatchRunner:
             )
         try:
             if isinstance(loop, DrainLoop):
-                loop.run(early=early)
+                # A head start may begin while the last outcomes are stored.
+                loop.run(early=early, on_model_free=self.head_starts.end)
             else:
                 loop.run()
         except BaseException as exc:

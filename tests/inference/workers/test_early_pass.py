@@ -1,13 +1,17 @@
-"""A realtime job whose message carries its input starts its pass while its claim is under
-way; the claim still decides whether that pass's outcome counts."""
+"""A realtime job whose message carries its input, or whose head start an idle worker took,
+starts its pass before its claim returns; the claim still decides whether that pass's outcome
+counts."""
 
 from __future__ import annotations
 
 import json
 import threading
+import time
+import uuid
 
 import pytest
 
+from inference.dispatch.head_start import MAX_OFFER_AGE_S, Offer
 from inference.dispatch.queues import tier_queue
 from inference.engines.noop import NoopEngine
 from inference.jobs.transitions import JobQuerySet
@@ -39,8 +43,22 @@ def passes(monkeypatch):
     return seen_at_claim
 
 
-def _run_seed(job: Job, carried: str | None) -> dict:
-    return BatchRunner(NoBroker()).run(
+@pytest.fixture
+def forward_runs(monkeypatch):
+    """The input of each forward pass the no-op model ran."""
+    runs: list[list[dict]] = []
+    run_batch = NoopEngine.run_batch
+
+    def counting_run_batch(self, payloads):
+        runs.append(payloads)
+        return run_batch(self, payloads)
+
+    monkeypatch.setattr(NoopEngine, "run_batch", counting_run_batch)
+    return runs
+
+
+def _run_seed(job: Job, carried: str | None, runner: BatchRunner | None = None) -> dict:
+    return (runner or BatchRunner(NoBroker())).run(
         [str(job.pk)],
         seed_redelivered=False,
         seed_tier="realtime",
@@ -94,3 +112,54 @@ def test_a_cancelled_job_whose_pass_started_early_stays_cancelled(
     assert job.status == JobStatus.CANCELLED
     assert (job.result, job.attempts, job.started_at) == (None, 0, None)
     assert report["ran"] == 0 and report["dropped"] == 1
+
+
+def _offer(job_id, service_name: str, texts: list[str], age_s: float = 0.0) -> Offer:
+    return Offer(
+        job_id=str(job_id),
+        queue=tier_queue(service_name, "realtime"),
+        carried=json.dumps({"texts": texts}),
+        offered_at=time.time() - age_s,
+    )
+
+
+def test_a_head_start_taken_while_idle_is_the_seeds_pass(
+    make_tenant, make_service, passes, forward_runs
+):
+    job = _realtime_job(make_tenant, make_service, "head-start")
+    runner = BatchRunner(NoBroker())
+
+    assert runner.head_starts.offered(_offer(job.pk, "head-start", ["a", "b"])) is not None
+    report = _run_seed(job, None, runner)  # its message carried nothing: the offer did
+
+    job.refresh_from_db()
+    assert passes == [True]  # the pass had started when the claim went out
+    assert len(forward_runs) == 1  # and it was the job's only pass
+    assert (job.status, job.result, job.attempts) == (JobStatus.SUCCEEDED, {"count": 2}, 1)
+    assert (report["ran"], report["batches"]) == (1, 1)
+
+
+def test_a_head_start_of_another_job_is_dropped(make_tenant, make_service, forward_runs):
+    job = _realtime_job(make_tenant, make_service, "head-start-other")
+    runner = BatchRunner(NoBroker())
+    never_committed = uuid.uuid4()
+
+    assert runner.head_starts.offered(_offer(never_committed, "head-start-other", ["x"] * 5))
+    _run_seed(job, None, runner)
+
+    job.refresh_from_db()
+    assert (job.status, job.result) == (JobStatus.SUCCEEDED, {"count": 2})
+    assert [len(run[0]["texts"]) for run in forward_runs] == [5, 2]
+    assert not Job.objects.filter(pk=never_committed).exists()
+
+
+def test_no_head_start_during_a_run_or_from_a_stale_offer(make_tenant, make_service):
+    make_service("noop", name="head-start-busy")
+    runner = BatchRunner(NoBroker())
+
+    stale = _offer(uuid.uuid4(), "head-start-busy", ["a"], age_s=2 * MAX_OFFER_AGE_S)
+    assert runner.head_starts.offered(stale) is None
+    runner.head_starts.begin(None)
+    assert runner.head_starts.offered(_offer(uuid.uuid4(), "head-start-busy", ["a"])) is None
+    runner.head_starts.end()
+    assert runner.head_starts.offered(_offer(uuid.uuid4(), "head-start-busy", ["a"])) is not None

@@ -1,0 +1,92 @@
+"""Head starts: a realtime job's input offered to an idle worker of its queue before the job is
+committed and published, so that its forward pass runs while the INSERT, the publish and the
+delivery are under way instead of after them.
+
+The web pushes an offer (the job's id and input) onto a short Redis list per realtime queue just
+before it commits the job; an idle GPU worker of that queue pops it and starts the pass
+(inference.workers.gpu.early_pass). The message still decides, as for any early pass: the
+outcome counts only when the job's own message reaches that worker, its claim returns the job
+and its first batch is that job alone and whole; otherwise the pass is dropped. An offer is a
+head start, not a delivery: one lost, late or never taken costs the job nothing, and a job that
+is never committed leaves only a pass nobody adopts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import redis
+
+from inference.dispatch.publishing import RUN_JOB_TASK, carried_input, destination
+from inference.models import Job
+from renq_site.shared_redis import shared_redis
+
+logger = logging.getLogger(__name__)
+
+OFFER_PREFIX = "renq:head-start:"
+# An older offer is dropped: its job's message has reached a worker by then (or never will).
+MAX_OFFER_AGE_S = 0.1
+# Offers no idle worker took expire; a queue keeps its few newest meanwhile.
+OFFER_TTL_MS = 1000
+MAX_OFFERS_KEPT = 4
+
+
+@dataclass(frozen=True)
+class Offer:
+    job_id: str
+    queue: str
+    carried: str  # the job's input, JSON, as its message carries it (INPUT_HEADER)
+    offered_at: float  # time.time() at the web
+
+    @property
+    def age_s(self) -> float:
+        return time.time() - self.offered_at
+
+
+def offer_key(queue: str) -> str:
+    return f"{OFFER_PREFIX}{queue}"
+
+
+def offer_head_start(job: Job) -> None:
+    """Offer a realtime job bound for a GPU worker to an idle one, in one Redis round trip.
+    Best effort: a Redis error loses only the head start."""
+    carried = carried_input(job)
+    if carried is None:
+        return
+    target = destination(job)
+    if target.task != RUN_JOB_TASK:
+        return  # a cloud call has no forward pass to start
+    key = offer_key(target.queue)
+    offer = json.dumps({"job": str(job.pk), "input": carried, "at": time.time()})
+    pipe = shared_redis().pipeline(transaction=False)
+    pipe.lpush(key, offer)
+    pipe.ltrim(key, 0, MAX_OFFERS_KEPT - 1)
+    pipe.pexpire(key, OFFER_TTL_MS)
+    try:
+        pipe.execute()
+    except redis.RedisError:
+        logger.debug("head start not offered for job %s", job.pk, exc_info=True)
+
+
+def take_offer(client: redis.Redis, queues: Sequence[str], timeout_s: int) -> Offer | None:
+    """The oldest offer for one of `queues`, waiting up to `timeout_s` for one (None: none
+    came). Raises what Redis raises."""
+    popped = client.brpop([offer_key(queue) for queue in queues], timeout=timeout_s)
+    if popped is None:
+        return None
+    key, value = popped
+    try:
+        fields = json.loads(value)
+        return Offer(
+            job_id=str(fields["job"]),
+            queue=key.decode()[len(OFFER_PREFIX) :],
+            carried=str(fields["input"]),
+            offered_at=float(fields["at"]),
+        )
+    except (ValueError, KeyError, TypeError):
+        logger.warning("unreadable head-start offer on %s", key)
+        return None
