@@ -9,7 +9,7 @@ client-observed time minus the raw forward pass of the same texts in this proces
 bench/fast_path.py.
 
     git worktree add /tmp/base <commit>
-    .venv/bin/python bench/idle_ab.py --base /tmp/base [--requests 300] [--tier api]
+    .venv/bin/python bench/idle_ab.py --base /tmp/base [--requests 300] [--tier api] [--unpinned]
 
 The base checkout needs fixtures/models (copy them) and runs on this checkout's .venv.
 """
@@ -17,6 +17,7 @@ The base checkout needs fixtures/models (copy them) and runs on this checkout's 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import statistics
@@ -71,7 +72,7 @@ def _request(session, url: str, path: str, service: str, text: str, tier: str) -
     return elapsed_ms
 
 
-def run(base: Path, requests_each: int, tier: str = "realtime") -> dict:
+def run(base: Path, requests_each: int, tier: str = "realtime", pinned: bool = True) -> dict:
     import django
 
     django.setup()
@@ -94,7 +95,7 @@ def run(base: Path, requests_each: int, tier: str = "realtime") -> dict:
     overhead: dict[str, list[float]] = {
         f"{side}_{path}": [] for side in services for path in ("v1", "rest_wait")
     }
-    with common.model_on_its_own_cores():
+    with common.model_on_its_own_cores() if pinned else contextlib.nullcontext():
         raw_ms = statistics.median(raw_forward_ms(texts[:110])[10:])
         with (
             ProcessGroup() as head,
@@ -121,6 +122,7 @@ def run(base: Path, requests_each: int, tier: str = "realtime") -> dict:
         "base": str(base),
         "requests_each": requests_each,
         "tier": tier,
+        "model_pinned": pinned,
         "raw_forward_p50_ms": round(raw_ms, 2),
         "overhead": {name: _summary(values) for name, values in overhead.items()},
     }
@@ -136,9 +138,14 @@ def main() -> None:
         choices=("realtime", "api"),
         help="the requests' tier (api: what a client that names none gets by default)",
     )
+    parser.add_argument(
+        "--unpinned",
+        action="store_true",
+        help="the model shares every core with the stack, as the README runs it",
+    )
     parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
     args = parser.parse_args()
-    result = run(args.base.resolve(), args.requests, args.tier)
+    result = run(args.base.resolve(), args.requests, args.tier, pinned=not args.unpinned)
     text = json.dumps(result, indent=2)
     print(text)
     if args.out:
