@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import redis
 from django.conf import settings
@@ -35,6 +36,9 @@ from inference.models import Job
 from inference.workers.gpu.held import Held, engine_payload
 from inference.workers.gpu.model_thread import ModelThread
 from renq_site import tracing
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import SpanContext
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +58,7 @@ class EarlyPass:
     started_ns: int = 0  # time.time_ns(), for its span
     ended_ns: int | None = None
 
-    def trace_in(self, trace) -> None:
+    def trace_in(self, trace: SpanContext | None) -> None:
         """A head start's pass in the trace of its job's message (it began before there was
         one), over the time it ran."""
         span = tracing.start_batch_span(
@@ -92,7 +96,7 @@ class EarlyPass:
 
 
 def start_early_pass(
-    model_thread: ModelThread, job_id: str, queue: str, carried: str, trace
+    model_thread: ModelThread, job_id: str, queue: str, carried: str, trace: SpanContext | None
 ) -> EarlyPass | None:
     """Start the pass of the job whose input its message to `queue` carried; None when it
     cannot start before the claim (an unknown service, a continuous-batching or streaming
