@@ -341,6 +341,9 @@ def test_the_next_batch_is_claimed_before_the_running_pass_ends_when_the_predict
     over = BatchCost(per_token_s=0.0015, per_batch_s=0.0, samples=100)  # noop: 1 token per ms
     monkeypatch.setattr(BatchCostModel, "current", lambda self: over)
     monkeypatch.setattr(loop, "DRAIN_LIMIT_S", 5.0)
+    # Forming starts 150 ms before the pass's expected end rather than 50: a shared CI core
+    # can stall one pull and claim by more than 50 ms; without forming ahead none is early.
+    monkeypatch.setattr(loop, "FORM_AHEAD_S", 0.15)
 
     _, ordered = _eight_jobs_in_two_job_passes(make_tenant, service, sleep_ms=200)
 
