@@ -26,7 +26,6 @@ from django.db import DatabaseError, InterfaceError, close_old_connections
 from inference.config.tiers import tier_policies
 from inference.dispatch import fair_share
 from inference.dispatch.publishing import INPUT_HEADER
-from inference.dispatch.queues import tier_queue
 from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.workers.cloud import run_cloud_attempt
 from inference.workers.cpu_pinning import keep_off_model_cores
@@ -40,6 +39,7 @@ from inference.workers.sweeper import (
 )
 from inference.workers.tier_reader import BROKER_ERRORS, ReaderPool, message_job_ids
 from inference.workers.warmup import (
+    consumed_realtime_queues,
     consumed_service_names,
     import_consumed_engines,
     warm_engines_for_consumed_queues,
@@ -167,14 +167,7 @@ def _import_engines(**_kwargs) -> None:
 def _warm_worker_process(**_kwargs) -> None:
     keep_off_model_cores()  # before this process starts its threads (they inherit it)
     warm_engines_for_consumed_queues()
-    consumed = set(app.amqp.queues.consume_from or {})
-    _runner.head_starts.listen(
-        sorted(
-            queue
-            for name in consumed_service_names()
-            if (queue := tier_queue(name, Tier.REALTIME)) in consumed
-        )
-    )
+    _runner.head_starts.listen(consumed_realtime_queues())
     # Last: the engines loaded above live as long as the process.
     freeze_startup_objects()
 

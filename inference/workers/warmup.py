@@ -10,9 +10,10 @@ import time
 from django.conf import settings
 from django.db import DatabaseError, connections
 
-from inference.dispatch.queues import served_service_names
+from inference.dispatch.queues import served_service_names, tier_queue
 from inference.engines import load_engine
 from inference.jobs.kinds import kind_of
+from inference.jobs.tiers import Tier
 from inference.models import Service
 from inference.scheduling.cost_model import BatchCostModel
 from inference.workers.readiness import mark_process_ready
@@ -24,6 +25,13 @@ logger = logging.getLogger(__name__)
 def consumed_service_names() -> set[str]:
     """Services whose tier queues this worker was started on (celery worker -Q ...)."""
     return served_service_names(set(app.amqp.queues.consume_from or {}))
+
+
+def consumed_realtime_queues() -> list[str]:
+    """The realtime tier queues of the services this worker consumes (head starts)."""
+    consumed = set(app.amqp.queues.consume_from or {})
+    queues = (tier_queue(name, Tier.REALTIME) for name in served_service_names(consumed))
+    return sorted(queue for queue in queues if queue in consumed)
 
 
 def _consumed_services() -> list[Service]:

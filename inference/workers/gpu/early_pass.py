@@ -55,12 +55,12 @@ class EarlyPass:
     service_name: str
     future: Future
     started_at: float  # time.monotonic()
-    started_ns: int = 0  # time.time_ns(), for its span
+    started_ns: int  # time.time_ns(), for its span
     ended_ns: int | None = None
 
     def trace_in(self, trace: SpanContext | None) -> None:
-        """A head start's pass in the trace of its job's message (it began before there was
-        one), over the time it ran."""
+        """The pass in the trace of its job's message, over the time it ran (a head start's
+        began before there was one)."""
         span = tracing.start_batch_span(
             "renq.forward",
             [trace],
@@ -115,17 +115,12 @@ def start_early_pass(
         return None
     if streamed or getattr(engine, "supports_continuous", False):
         return None
-    # A head start (no trace yet) is traced once its message's run adopts it (trace_in).
-    span = None
-    if trace is not None:
-        span = tracing.start_batch_span(
-            "renq.forward", [trace], service=service.name, batch_size=1, job_ids=[job_id]
-        )
     started_at, started_ns = time.monotonic(), time.time_ns()
     future = model_thread.infer(engine, [job], [0])
     early = EarlyPass(job_id, service.name, future, started_at, started_ns)
     future.add_done_callback(lambda _: setattr(early, "ended_ns", time.time_ns()))
-    tracing.end_when_done(span, future)
+    if trace is not None:  # a head start has none yet: traced when its run adopts it
+        early.trace_in(trace)
     return early
 
 
