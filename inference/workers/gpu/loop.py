@@ -141,6 +141,9 @@ class DrainLoop:
                 self._form_s = (self._form_s + formed_at - forming_at) / 2
             outcomes = self._wait(held, future)
             unfinished, finished = self._carry_on(held, outcomes)
+            # The waiting clients first: their answers wait neither for the next batch to
+            # form (a pull, a claim, company) nor for the previous batch's store.
+            self.writer.announce(held, finished, self.former.service)
             if not upcoming and (
                 unfinished or (self.intake.pulling and time.monotonic() - formed_at > FORM_AHEAD_S)
             ):
@@ -151,7 +154,9 @@ class DrainLoop:
             running = (upcoming, self._start(upcoming)) if upcoming else None
             # While the next batch runs: this one's outcomes go to the store thread (once the
             # one before is stored and its finished messages acked).
-            self.writer.write(held, finished, self.former.service, passed=outcomes)
+            self.writer.write(
+                held, finished, self.former.service, passed=outcomes, announced=True
+            )
 
     def realtime_first(self, upcoming: list[Held]) -> list[Held]:
         """A batch formed during the previous pass yields to realtime work that arrived

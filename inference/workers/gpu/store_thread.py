@@ -87,6 +87,12 @@ class OutcomeWriter:
         self._report = report
         self._storing: Storing | None = None
 
+    def announce(self, batch: list[Held], outcomes: list[Outcome], service: Service) -> None:
+        """Answer the clients waiting on the pass's successes now: before the next batch is
+        formed and before the previous one's store is awaited (`write` then stores them
+        without announcing them again)."""
+        answer_before_store(self._interactive_answers(service, self._finished(batch, outcomes)))
+
     def write(
         self,
         batch: list[Held],
@@ -94,29 +100,26 @@ class OutcomeWriter:
         service: Service,
         *,
         passed: list[Outcome] | None = None,
+        announced: bool = False,
     ) -> None:
         """Hand the pass's finished outcomes to the store thread. The cost model learns from
         the pass (`passed`: its outcomes as it ran them, when a job run in parts has its
         whole outcome in `outcomes`) now, once the write is under way (its update is a Redis
-        round trip, which must not hold up the results): the next batches are sized on it."""
+        round trip, which must not hold up the results): the next batches are sized on it.
+        `announced`: `announce` already answered the waiting clients."""
         passed = outcomes if passed is None else passed
         report = self._report
         report.tiers = sorted(set(report.tiers) | {h.job.tier for h in batch})
         self.written()
-        # Generations left unfinished went back to the line; the rest are stored, with what
-        # their earlier passes took.
-        finished = [
-            (held, self._whole(held, outcome))
-            for held, outcome in zip(batch, outcomes, strict=True)
-            if not left_unfinished(outcome)
-        ]
+        finished = self._finished(batch, outcomes)
         by_claim: dict = {}
         for held, outcome in finished:
             if outcome.result and "first_token_ms" in outcome.result:
                 observe_time_to_first_token(service.name, outcome.result["first_token_ms"] / 1000)
             by_claim.setdefault(held.claim.token, (held.claim, []))[1].append(outcome)
-        # Before the store is even handed over: the waiting front door answers now.
-        answer_before_store(self._interactive_answers(service, finished))
+        if not announced:
+            # Before the store is even handed over: the waiting front door answers now.
+            answer_before_store(self._interactive_answers(service, finished))
         write = None
         if finished:
             span = tracing.start_batch_span(
@@ -174,6 +177,17 @@ class OutcomeWriter:
                 outcome = replace(outcome, backend=names[backend_id])
             answers.append(outcome)
         return answers
+
+    def _finished(
+        self, batch: list[Held], outcomes: list[Outcome]
+    ) -> list[tuple[Held, Outcome]]:
+        """Generations left unfinished went back to the line; the rest are stored, with what
+        their earlier passes took."""
+        return [
+            (held, self._whole(held, outcome))
+            for held, outcome in zip(batch, outcomes, strict=True)
+            if not left_unfinished(outcome)
+        ]
 
     def _whole(self, held: Held, outcome: Outcome) -> Outcome:
         """The outcome of a generation over all of its passes (its last one's otherwise)."""

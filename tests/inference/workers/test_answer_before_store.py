@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 import time
 
+import psycopg2
 import pytest
+from django.db import connection
 
 from inference.delivery.waiting import Notice, job_channel
 from inference.engines.noop import NoopEngine
@@ -67,3 +70,58 @@ def test_a_batch_success_is_announced_once_stored(make_tenant, make_service):
     heard, job = _stored_while_heard("batch", make_tenant, make_service)
     assert [Notice.decode(data).stored for data in heard] == [True]
     assert job.status == JobStatus.SUCCEEDED
+
+
+def test_a_pass_is_answered_while_the_previous_batch_is_still_being_stored(
+    make_tenant, make_service
+):
+    """The drain loop announces a pass's answers before it waits for the previous batch's
+    store: a client is not held up by another batch's rows."""
+    tenant, _ = make_tenant()
+    service = make_service("noop", name="answer-while-storing")
+    first, second = (
+        Job.objects.create(tenant=tenant, service=service, tier="realtime", input={"texts": [t]})
+        for t in ("a", "b")
+    )
+    claim = Job.objects.claim([first.pk, second.pk], worker="w")
+    held = {job.pk: Held(job, claim) for job in claim.jobs}
+    writer = OutcomeWriter(
+        NoopEngine("none"),
+        BatchCostModel(service.name, "cpu"),
+        ledger=MessageLedger(None, service.name),
+        report=BatchReport(),
+    )
+    # Another session holds the first job's row: its store waits until that one commits.
+    blocker = psycopg2.connect(
+        dbname=connection.settings_dict["NAME"],
+        **{k: connection.settings_dict[v] for k, v in (("host", "HOST"), ("user", "USER"))},
+        port=connection.settings_dict["PORT"] or 5432,
+    )
+    pubsub = shared_redis().pubsub()
+    pubsub.subscribe(job_channel(second.pk))
+    pubsub.get_message(timeout=2)
+    try:
+        blocker.cursor().execute(
+            "SELECT 1 FROM inference_job WHERE id = %s FOR UPDATE", [str(first.pk)]
+        )
+        one = Outcome(job=held[first.pk].job, result={"n": 1}, batch_size=1, tokens=1)
+        writer.write([held[first.pk]], [one], service)
+        two = Outcome(job=held[second.pk].job, result={"n": 2}, batch_size=1, tokens=1)
+        announcing = threading.Thread(
+            target=writer.announce, args=([held[second.pk]], [two], service)
+        )
+        announcing.start()
+        announcing.join(timeout=5)
+        assert not announcing.is_alive(), "the answer waited for the other batch's store"
+        heard = [Notice.decode(data) for data in _notifications(pubsub)]
+        assert [(n.stored, n.result) for n in heard] == [(False, {"n": 2})]
+        assert Job.objects.get(pk=first.pk).status == JobStatus.RUNNING  # still being stored
+        blocker.rollback()
+        writer.write([held[second.pk]], [two], service, announced=True)
+        writer.written()
+        # Announced once before its store, then once stored: never twice unstored.
+        assert [Notice.decode(d).stored for d in _notifications(pubsub)] == [True]
+        assert Job.objects.get(pk=second.pk).status == JobStatus.SUCCEEDED
+    finally:
+        blocker.close()
+        pubsub.close()
