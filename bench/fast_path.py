@@ -7,6 +7,8 @@
 - the idle trace: the same requests with tracing on (spans written to a file by each
   process), each stage's p50/p99 from its spans. Tracing adds its own cost to every stage:
   the stages say where the time goes, the overhead above says how much there is;
+- realtime under a batch backlog: client-observed /v1/embeddings latency while 100-job
+  batch-tier POSTs keep the queue growing;
 - CPU per no-op job against plain Celery, side by side: renq's single-job and 100-job POSTs
   (bench.noop_throughput) and `apply_async` of a no-op task from 8 producer threads with
   its result in Redis (Celery's defaults), each with one worker process.
@@ -321,6 +323,76 @@ def under_load(*, quick: bool) -> dict:
     return results
 
 
+def under_backlog(*, quick: bool) -> dict:
+    """Realtime answers while the worker drains a batch backlog: one /v1/embeddings request
+    every 50 ms (`X-Renq-Priority: realtime`, a keep-alive connection) while 100-job batch-tier
+    POSTs keep the queue growing; client-observed p50/p99. A realtime job waits for the
+    batch pass already running (passes are not preempted), then runs first."""
+    import requests
+    from processes import ProcessGroup, free_port
+
+    from inference.dispatch.queues import service_queues
+    from inference.models import Job
+
+    service = embedding_service(SERVICE)
+    _, key = bench_tenant()
+    purge_queues(service_queues(SERVICE))
+    nonce = run_nonce()
+    seconds = 10.0 if quick else 25.0
+    with ProcessGroup() as procs:
+        url = procs.web(free_port(), workers=1)
+        procs.worker("bench-fast-path", service_queues(SERVICE), threads=MODEL_THREADS)
+        poster = JsonPoster(url, key)
+        session = requests.Session()
+        session.headers.update({"Authorization": f"Bearer {key}", "X-Renq-Priority": "realtime"})
+
+        def realtime(i: int) -> requests.Response:
+            body = {"model": SERVICE, "input": f"rt {nonce} {i}"}
+            return session.post(f"{url}/v1/embeddings", json=body)
+
+        for i in range(10):
+            realtime(-1 - i)  # warm-up
+        stop = time.time() + seconds
+        refused = [0]
+
+        def flood() -> None:
+            i = 0
+            while time.time() < stop:
+                body = [
+                    {"service": SERVICE, "priority": "batch", "input": {"texts": [text]}}
+                    for text in (f"batch {nonce} {i} {k} a few more words" for k in range(100))
+                ]
+                if poster.post("/api/v1/jobs", body)[0] != 202:
+                    refused[0] += 1
+                i += 1
+                time.sleep(0.2)
+
+        flooding = threading.Thread(target=flood)
+        flooding.start()
+        time.sleep(min(3.0, seconds / 4))  # a backlog first
+        latencies, errors = [], 0
+        while time.time() < stop - 1:
+            started = time.perf_counter()
+            if realtime(len(latencies) + errors).status_code == 200:
+                latencies.append((time.perf_counter() - started) * 1000)
+            else:
+                errors += 1
+            time.sleep(0.05)
+        flooding.join()
+        backlog = Job.objects.filter(service=service, status="queued").count()
+    results = {
+        "seconds": seconds,
+        "requests": len(latencies),
+        "errors": errors,
+        "batch_posts_refused": refused[0],
+        "backlog_at_end": backlog,
+        "realtime_client_ms": _summary(latencies),
+    }
+    print(f"realtime under a batch backlog: {results}", flush=True)
+    purge_queues(service_queues(SERVICE))
+    return results
+
+
 def _queue_depth(name: str) -> int:
     from renq_site.celery import app
 
@@ -397,6 +469,7 @@ def run(*, quick: bool) -> dict:
     return {
         "overhead": overhead(quick=quick),
         "under_load": under_load(quick=quick),
+        "under_backlog": under_backlog(quick=quick),
         "cpu": cpu_against_plain_celery(quick=quick),
     }
 
@@ -452,6 +525,16 @@ def report_lines(r: dict) -> list[str]:
             f"{v1['p50_ms']} / {v1['p99_ms']} (total_timeout {v1['total_timeout_ms']:.0f}) |",
             "",
             f"16 /v1 clients against 8 REST clients: **{v1['vs_rest_8_clients']}×** (target ≥ 1).",
+        ]
+    if "under_backlog" in r:
+        b = r["under_backlog"]
+        lines += [
+            "",
+            f"Realtime under a batch backlog ({b['backlog_at_end']} batch jobs still queued at "
+            f"the end): one /v1/embeddings request every 50 ms, {b['requests']} answered, "
+            f"{b['errors']} errors: p50 {b['realtime_client_ms']['p50_ms']} ms, p99 "
+            f"{b['realtime_client_ms']['p99_ms']} ms (a realtime job waits for the batch pass "
+            "already running).",
         ]
     single, plain = c["renq_single_job_posts"], c["plain_celery_noop"]
     lines += [
