@@ -143,7 +143,7 @@ class DrainLoop:
             unfinished, finished = self._carry_on(held, outcomes)
             # The waiting clients first: their answers wait neither for the next batch to
             # form (a pull, a claim, company) nor for the previous batch's store.
-            self.writer.announce(held, finished, self.former.service)
+            announced = self.writer.announce(held, finished, self.former.service)
             if not upcoming and (
                 unfinished or (self.intake.pulling and time.monotonic() - formed_at > FORM_AHEAD_S)
             ):
@@ -155,7 +155,7 @@ class DrainLoop:
             # While the next batch runs: this one's outcomes go to the store thread (once the
             # one before is stored and its finished messages acked).
             self.writer.write(
-                held, finished, self.former.service, passed=outcomes, announced=True
+                held, finished, self.former.service, passed=outcomes, announced=announced
             )
 
     def realtime_first(self, upcoming: list[Held]) -> list[Held]:

@@ -87,11 +87,15 @@ class OutcomeWriter:
         self._report = report
         self._storing: Storing | None = None
 
-    def announce(self, batch: list[Held], outcomes: list[Outcome], service: Service) -> None:
+    def announce(
+        self, batch: list[Held], outcomes: list[Outcome], service: Service
+    ) -> list[tuple[Held, Outcome]]:
         """Answer the clients waiting on the pass's successes now: before the next batch is
-        formed and before the previous one's store is awaited (`write` then stores them
-        without announcing them again)."""
-        answer_before_store(self._interactive_answers(service, self._finished(batch, outcomes)))
+        formed and before the previous one's store is awaited. Returns the finished jobs'
+        outcomes, for `write` to store without announcing them again."""
+        finished = self._finished(batch, outcomes)
+        answer_before_store(self._interactive_answers(service, finished))
+        return finished
 
     def write(
         self,
@@ -100,24 +104,24 @@ class OutcomeWriter:
         service: Service,
         *,
         passed: list[Outcome] | None = None,
-        announced: bool = False,
+        announced: list[tuple[Held, Outcome]] | None = None,
     ) -> None:
         """Hand the pass's finished outcomes to the store thread. The cost model learns from
         the pass (`passed`: its outcomes as it ran them, when a job run in parts has its
         whole outcome in `outcomes`) now, once the write is under way (its update is a Redis
         round trip, which must not hold up the results): the next batches are sized on it.
-        `announced`: `announce` already answered the waiting clients."""
+        `announced`: what `announce` returned for this pass, its clients already answered."""
         passed = outcomes if passed is None else passed
         report = self._report
         report.tiers = sorted(set(report.tiers) | {h.job.tier for h in batch})
         self.written()
-        finished = self._finished(batch, outcomes)
+        finished = self._finished(batch, outcomes) if announced is None else announced
         by_claim: dict = {}
         for held, outcome in finished:
             if outcome.result and "first_token_ms" in outcome.result:
                 observe_time_to_first_token(service.name, outcome.result["first_token_ms"] / 1000)
             by_claim.setdefault(held.claim.token, (held.claim, []))[1].append(outcome)
-        if not announced:
+        if announced is None:
             # Before the store is even handed over: the waiting front door answers now.
             answer_before_store(self._interactive_answers(service, finished))
         write = None

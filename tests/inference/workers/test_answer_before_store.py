@@ -117,7 +117,7 @@ def test_a_pass_is_answered_while_the_previous_batch_is_still_being_stored(
         assert [(n.stored, n.result) for n in heard] == [(False, {"n": 2})]
         assert Job.objects.get(pk=first.pk).status == JobStatus.RUNNING  # still being stored
         blocker.rollback()
-        writer.write([held[second.pk]], [two], service, announced=True)
+        writer.write([held[second.pk]], [two], service, announced=[(held[second.pk], two)])
         writer.written()
         # Announced once before its store, then once stored: never twice unstored.
         assert [Notice.decode(d).stored for d in _notifications(pubsub)] == [True]
