@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import redis
 
 from routing.limits import LUA_NOW
+from routing.redis_scripts import registered_script
 
 # KEYS: state. ARGV: now, probe_ttl_s, take_probe. Returns {allowed, state}.
 _ALLOW = (
@@ -63,8 +64,8 @@ class CircuitBreaker:
     def __init__(self, client: redis.Redis, *, clock: Callable[[], float] | None = None):
         self.redis = client
         self.clock = clock
-        self._allow = client.register_script(_ALLOW)
-        self._failure = client.register_script(_FAILURE)
+        self._allow = registered_script(client, _ALLOW)
+        self._failure = registered_script(client, _FAILURE)
 
     @staticmethod
     def key(backend_id: int) -> str:

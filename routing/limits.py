@@ -30,6 +30,8 @@ from email.utils import parsedate_to_datetime
 
 import redis
 
+from routing.redis_scripts import registered_script
+
 # Unknown reset time after a 429 without any header: wait this long before trying again.
 DEFAULT_429_COOLDOWN_S = 1.0
 # No cooldown longer than this, whatever a header says (a broken header must not kill a route).
@@ -247,11 +249,11 @@ class RateLimitTracker:
     def __init__(self, client: redis.Redis, *, clock: Callable[[], float] | None = None):
         self.redis = client
         self.clock = clock
-        self._reserve = client.register_script(_RESERVE)
-        self._reconcile = client.register_script(_RECONCILE)
-        self._extend = client.register_script(_EXTEND_COOLDOWN)
-        self._observe = client.register_script(_OBSERVE)
-        self._status = client.register_script(_STATUS)
+        self._reserve = registered_script(client, _RESERVE)
+        self._reconcile = registered_script(client, _RECONCILE)
+        self._extend = registered_script(client, _EXTEND_COOLDOWN)
+        self._observe = registered_script(client, _OBSERVE)
+        self._status = registered_script(client, _STATUS)
 
     @staticmethod
     def keys(backend_id: int) -> list[str]:

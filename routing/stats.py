@@ -9,6 +9,7 @@ from __future__ import annotations
 import redis
 
 from renq_site.shared_redis import shared_redis
+from routing.redis_scripts import registered_script
 
 # Weight of the newest sample: ~10 samples dominate, so a slow spell shows within seconds.
 EWMA_ALPHA = 0.2
@@ -30,7 +31,7 @@ def _client(client: redis.Redis | None) -> redis.Redis:
 
 def update_ewma(key: str, sample: float, *, client: redis.Redis | None = None) -> float:
     conn = _client(client)
-    return float(conn.register_script(_EWMA)(keys=[key], args=[float(sample), EWMA_ALPHA]))
+    return float(registered_script(conn, _EWMA)(keys=[key], args=[float(sample), EWMA_ALPHA]))
 
 
 def read_ewma(key: str, *, client: redis.Redis | None = None) -> float | None:

@@ -39,12 +39,12 @@ import redis
 import redis.asyncio
 from django.conf import settings
 from django.utils import timezone
-from redis.commands.core import Script
 
 from inference.jobs.transitions import Outcome
 from inference.jobs.vectors import split_result
 from inference.models import Job, JobStatus
 from renq_site.shared_redis import shared_redis
+from routing.redis_scripts import registered_script
 
 logger = logging.getLogger(__name__)
 
@@ -158,17 +158,6 @@ _PUBLISH_EACH = """
 for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
 return #ARGV / 2
 """
-_publish_each: tuple[redis.Redis, Script] | None = None
-
-
-def _publish_each_script(client: redis.Redis) -> Script:
-    global _publish_each
-    if _publish_each is None or _publish_each[0] is not client:
-        # Run by its SHA; redis-py loads it again should Redis have restarted since.
-        _publish_each = (client, client.register_script(_PUBLISH_EACH))
-    return _publish_each[1]
-
-
 def answer_before_store(succeeded: Sequence[Outcome]) -> None:
     """Announce realtime and api successes with their outcome before they are stored (their
     notice says so): a front-door client waiting on one has its answer a store sooner. `succeeded`
@@ -194,7 +183,7 @@ def notify_finished(
     if not args:
         return
     try:
-        _publish_each_script(shared_redis())(args=args)
+        registered_script(shared_redis(), _PUBLISH_EACH)(args=args)
     except Exception:  # noqa: BLE001 - never let a notification break storing outcomes
         logger.warning(
             "could not notify waiters of %d finished jobs", len(args) // 2, exc_info=True

@@ -36,6 +36,7 @@ import redis
 from redis.commands.core import Script
 
 from renq_site.shared_redis import shared_redis
+from routing.redis_scripts import registered_script
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +156,6 @@ end
 return out
 """.replace("TAG_TTL_S", repr(TAG_TTL_S))
 
-_scripts: dict[int, tuple[redis.Redis, dict[str, Script]]] = {}
 _SOURCES = {
     "tag": _TAG_MESSAGES,
     "advance": _ADVANCE,
@@ -165,13 +165,7 @@ _SOURCES = {
 
 
 def _script(name: str) -> Script:
-    client = shared_redis()
-    cached = _scripts.get(id(client))
-    if cached is None or cached[0] is not client:
-        registered = {key: client.register_script(source) for key, source in _SOURCES.items()}
-        cached = (client, registered)
-        _scripts[id(client)] = cached
-    return cached[1][name]
+    return registered_script(shared_redis(), _SOURCES[name])
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ prepared as the ORM prepares them for saving. No signals, as with bulk_create.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -20,15 +21,23 @@ def insert_statement(rows: Sequence[Model], using: str = "default") -> tuple[str
     """One multi-row INSERT of new instances of one model: every concrete field but a primary
     key the database generates (AutoField)."""
     connection = connections[using]
-    meta = type(rows[0])._meta
-    fields = [f for f in meta.concrete_fields if not (f.primary_key and f.db_returning)]
-    quote = connection.ops.quote_name
-    columns = ", ".join(quote(f.column) for f in fields)
-    row = f"({', '.join(['%s'] * len(fields))})"
-    sql = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES {', '.join([row] * len(rows))}"
-    prepared = [(f, _SENT_AS_IS.get(_column_type(f))) for f in fields]
+    head, row, prepared = _insert_shape(type(rows[0]), using)
+    sql = f"{head}{', '.join([row] * len(rows))}"
     params = [_db_value(f, obj, connection, as_is) for obj in rows for f, as_is in prepared]
     return sql, params
+
+
+@functools.cache
+def _insert_shape(model: type[Model], using: str) -> tuple[str, str, list[tuple]]:
+    """A model's INSERT up to VALUES, one row's placeholders, and its fields with the type
+    each is sent as: fixed once the models are loaded, so made once, not per submission."""
+    meta = model._meta
+    fields = [f for f in meta.concrete_fields if not (f.primary_key and f.db_returning)]
+    quote = connections[using].ops.quote_name
+    columns = ", ".join(quote(f.column) for f in fields)
+    row = f"({', '.join(['%s'] * len(fields))})"
+    head = f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES "
+    return head, row, [(f, _SENT_AS_IS.get(_column_type(f))) for f in fields]
 
 
 # Python types a field's preparation for PostgreSQL returns unchanged (str for a CharField,
