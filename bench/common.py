@@ -296,3 +296,11 @@ class JsonPoster:
             return self._send(path, data)
         except (http.client.HTTPException, OSError):
             return self._send(path, data)
+
+
+def print_and_keep(results: dict, out: Path | None) -> None:
+    """A command-line bench's figures: printed as JSON, and written to `out` when given."""
+    text = json.dumps(results, indent=2)
+    print(text)
+    if out:
+        out.write_text(text + "\n")

@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib.util
-import json
 import statistics
 import sys
 import time
@@ -146,10 +145,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
     args = parser.parse_args()
     result = run(args.base.resolve(), args.requests, args.tier, pinned=not args.unpinned)
-    text = json.dumps(result, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    common.print_and_keep(result, args.out)
 
 
 if __name__ == "__main__":

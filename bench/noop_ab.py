@@ -20,6 +20,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common  # noqa: E402  (the bench's environment, passed on to each case)
+
 ROLES = ("web", "worker", "postgres", "rabbitmq", "redis")
 
 # Run in a checkout (its working directory): that checkout's bench and processes.
@@ -93,11 +98,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="of submissions per run")
     parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
     args = parser.parse_args()
-    results = run(args.base.resolve(), args.rounds, args.seconds)
-    text = json.dumps(results, indent=2)
-    print(text)
-    if args.out:
-        args.out.write_text(text + "\n")
+    common.print_and_keep(run(args.base.resolve(), args.rounds, args.seconds), args.out)
 
 
 if __name__ == "__main__":
