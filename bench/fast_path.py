@@ -73,13 +73,15 @@ def raw_forward_ms(texts: list[str]) -> list[float]:
 
 
 def _requests(url: str, key: str, texts: list[str]) -> dict[str, list[float]]:
-    """Client-observed ms per request: /v1/embeddings, then REST POST ?wait=."""
+    """Client-observed ms per request: /v1/embeddings, then REST POST ?wait=, then the HTTP
+    floor: GET /healthz on the same connection (the client library, the server and Django's
+    request handling, no job)."""
     import requests
 
     session = requests.Session()
     session.headers["Authorization"] = f"Bearer {key}"
     realtime = {"X-Renq-Priority": "realtime"}
-    timings: dict[str, list[float]] = {"v1": [], "rest_wait": []}
+    timings: dict[str, list[float]] = {"v1": [], "rest_wait": [], "http_floor": []}
     for i, text in enumerate(texts):
         started = time.perf_counter()
         answer = session.post(
@@ -105,6 +107,11 @@ def _requests(url: str, key: str, texts: list[str]) -> dict[str, list[float]]:
         elapsed = (time.perf_counter() - started) * 1000
         if i >= 10:
             timings["rest_wait"].append(elapsed)
+    for i in range(len(texts)):
+        started = time.perf_counter()
+        session.get(f"{url}/healthz").raise_for_status()
+        if i >= 10:
+            timings["http_floor"].append((time.perf_counter() - started) * 1000)
     return timings
 
 
@@ -198,6 +205,7 @@ def overhead(*, quick: bool) -> dict:
         timings = _requests(url, key, texts)
     results["v1_embeddings_client_ms"] = _summary(timings["v1"])
     results["rest_post_wait_client_ms"] = _summary(timings["rest_wait"])
+    results["http_floor_client_ms"] = _summary(timings["http_floor"])
     results["v1_embeddings_overhead"] = _summary([t - raw_ms for t in timings["v1"]])
     results["rest_post_wait_overhead"] = _summary([t - raw_ms for t in timings["rest_wait"]])
     print(f"idle overhead over the raw forward ({raw_ms:.2f} ms): {results}", flush=True)
@@ -496,6 +504,12 @@ def report_lines(r: dict) -> list[str]:
         lines.append(
             f"| {label} | {client['p50_ms']} | {client['p99_ms']} | {over['p50_ms']} | "
             f"{over['p99_ms']} | ≤ 5 / ≤ 15 ms |"
+        )
+    if "http_floor_client_ms" in o:
+        floor = o["http_floor_client_ms"]
+        lines.append(
+            f"| GET /healthz, no job (the client library, the server, Django) | "
+            f"{floor['p50_ms']} | {floor['p99_ms']} | | | the floor under both |"
         )
     trace = o["trace_with_tracing_on"]
     lines += [
