@@ -158,6 +158,8 @@ _PUBLISH_EACH = """
 for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
 return #ARGV / 2
 """
+
+
 def answer_before_store(succeeded: Sequence[Outcome]) -> None:
     """Announce realtime and api successes with their outcome before they are stored (their
     notice says so): a front-door client waiting on one has its answer a store sooner. `succeeded`

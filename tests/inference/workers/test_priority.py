@@ -294,7 +294,7 @@ def test_jobs_claimed_together_run_at_their_tiers_turn_not_back_to_back(
     publish_many(batch)
     publish_many(offline)
 
-    # Long enough for 40 passes on a slow, busy machine (a suite run once saw 38 in 1.5 s).
+    # Long enough for 40 one-job passes on a slow, busy machine.
     monkeypatch.setattr(loop, "DRAIN_LIMIT_S", 3.0)
     with in_process_readers("share-turns") as readers:
         BatchRunner(readers).run([str(api[0].pk)], seed_redelivered=False, seed_tier="api")
