@@ -273,11 +273,12 @@ class JsonPoster:
         return connection
 
     def _send(
-        self, path: str, data: bytes | None, method: str = "POST"
+        self, path: str, data: bytes | None, method: str = "POST", headers: dict | None = None
     ) -> tuple[int, dict[str, str], bytes]:
         connection = self._connection()
+        sent = {**self.headers, **headers} if headers else self.headers
         try:
-            connection.request(method, path, body=data, headers=self.headers)
+            connection.request(method, path, body=data, headers=sent)
             response = connection.getresponse()
             return response.status, dict(response.getheaders()), response.read()
         except (http.client.HTTPException, OSError):
@@ -289,13 +290,16 @@ class JsonPoster:
         """(status, headers, body) of a GET on the kept connection."""
         return self._send(path, None, "GET")
 
-    def post(self, path: str, body) -> tuple[int, dict[str, str], bytes]:
-        """(status, headers, body); once more on a new connection if the kept one was closed."""
+    def post(
+        self, path: str, body, headers: dict | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
+        """(status, headers, body); once more on a new connection if the kept one was closed.
+        `headers`: sent with this request beside the poster's own."""
         data = json.dumps(body).encode()
         try:
-            return self._send(path, data)
+            return self._send(path, data, headers=headers)
         except (http.client.HTTPException, OSError):
-            return self._send(path, data)
+            return self._send(path, data, headers=headers)
 
 
 def print_and_keep(results: dict, out: Path | None) -> None:

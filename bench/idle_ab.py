@@ -1,4 +1,4 @@
-"""Idle realtime overhead of two checkouts, interleaved request by request.
+"""Idle realtime overhead of two checkouts, interleaved request by request (or block by block).
 
 Run to run, the fast path's idle overhead on a shared 2-core machine moves by more than one
 change saves. This runs both
@@ -6,10 +6,13 @@ checkouts side by side instead: a web process and a worker of each, one embeddin
 each, and alternates single-text realtime requests between them (`/v1/embeddings`, then
 `POST /api/v1/jobs?wait=`), so both see the same machine at the same moments. Overhead is the
 client-observed time minus the raw forward pass of the same texts in this process, as in
-bench/fast_path.py.
+bench/fast_path.py. The client is the bench's JsonPoster (http.client, one keep-alive
+connection per checkout). With `--block 50`, each checkout gets 50 requests in a row per path:
+what a sequential client sees, whose next request meets the tail of its last one.
 
     git worktree add /tmp/base <commit>
     .venv/bin/python bench/idle_ab.py --base /tmp/base [--requests 300] [--tier api] [--unpinned]
+        [--block 50]
 
 The base checkout needs fixtures/models (copy them) and runs on this checkout's .venv.
 """
@@ -51,31 +54,30 @@ def _summary(values: list[float]) -> dict:
     }
 
 
-def _request(session, url: str, path: str, service: str, text: str, tier: str) -> float:
+def _request(poster: common.JsonPoster, path: str, service: str, text: str, tier: str) -> float:
     """One request of one text at `tier`, answered 200: client-observed ms."""
     started = time.perf_counter()
     if path == "v1":
-        answer = session.post(
-            f"{url}/v1/embeddings",
-            json={"model": service, "input": text},
-            headers={"X-Renq-Priority": tier},
+        status, _, answer = poster.post(
+            "/v1/embeddings", {"model": service, "input": text}, {"X-Renq-Priority": tier}
         )
     else:
-        answer = session.post(
-            f"{url}/api/v1/jobs?wait=10",
-            json={"service": service, "priority": tier, "input": {"texts": [text]}},
+        status, _, answer = poster.post(
+            "/api/v1/jobs?wait=10",
+            {"service": service, "priority": tier, "input": {"texts": [text]}},
         )
     elapsed_ms = (time.perf_counter() - started) * 1000
-    if answer.status_code != 200:
-        raise RuntimeError(f"{url} {path}: {answer.status_code} {answer.text[:300]}")
+    if status != 200:
+        raise RuntimeError(f"{poster.host}:{poster.port} {path}: {status} {answer[:300]!r}")
     return elapsed_ms
 
 
-def run(base: Path, requests_each: int, tier: str = "realtime", pinned: bool = True) -> dict:
+def run(
+    base: Path, requests_each: int, tier: str = "realtime", pinned: bool = True, block: int = 1
+) -> dict:
     import django
 
     django.setup()
-    import requests
     from processes import ProcessGroup, free_port
 
     from bench.fast_path import raw_forward_ms
@@ -106,22 +108,22 @@ def run(base: Path, requests_each: int, tier: str = "realtime", pinned: bool = T
                 group.worker(
                     services[side], service_queues(services[side]), threads=common.MODEL_THREADS
                 )
-            sessions = {side: requests.Session() for side in services}
-            for session in sessions.values():
-                session.headers["Authorization"] = f"Bearer {key}"
-            for i, text in enumerate(texts):
-                for side in ("base", "head") if i % 2 else ("head", "base"):
+            posters = {side: common.JsonPoster(urls[side], key) for side in services}
+            numbered = list(enumerate(texts))
+            for start in range(0, len(numbered), block):
+                chunk = numbered[start : start + block]
+                for side in ("base", "head") if (start // block) % 2 else ("head", "base"):
                     for path in ("v1", "rest_wait"):
-                        elapsed_ms = _request(
-                            sessions[side], urls[side], path, services[side], text, tier
-                        )
-                        if i >= WARM_UP:
-                            overhead[f"{side}_{path}"].append(elapsed_ms - raw_ms)
+                        for i, text in chunk:
+                            elapsed_ms = _request(posters[side], path, services[side], text, tier)
+                            if i >= WARM_UP:
+                                overhead[f"{side}_{path}"].append(elapsed_ms - raw_ms)
     return {
         "base": str(base),
         "requests_each": requests_each,
         "tier": tier,
         "model_pinned": pinned,
+        "block": block,
         "raw_forward_p50_ms": round(raw_ms, 2),
         "overhead": {name: _summary(values) for name, values in overhead.items()},
     }
@@ -142,9 +144,19 @@ def main() -> None:
         action="store_true",
         help="the model shares every core with the stack, as the README runs it",
     )
+    parser.add_argument(
+        "--block",
+        type=int,
+        default=1,
+        help="requests a checkout gets in a row on each path before the other's turn: above "
+        "1, each request follows its own checkout's last one at once, as a sequential "
+        "client's do (that run's tail of work then shares the machine with it)",
+    )
     parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
     args = parser.parse_args()
-    result = run(args.base.resolve(), args.requests, args.tier, pinned=not args.unpinned)
+    result = run(
+        args.base.resolve(), args.requests, args.tier, pinned=not args.unpinned, block=args.block
+    )
     common.print_and_keep(result, args.out)
 
 
