@@ -108,18 +108,16 @@ class DrainLoop:
         self, early: EarlyPass | None = None, on_model_free: Callable[[], None] | None = None
     ) -> None:
         """`early`: the seed's pass, started before its claim (used if it forms the first
-        batch alone). `on_model_free`: called once the last pass has ended and no batch
-        follows, before the last outcomes are stored."""
+        batch alone). `on_model_free`: called once the last pass has ended, its answers are
+        out and no batch follows, before its outcomes are handed to the store thread."""
         try:
-            self._drain(early)
-            if on_model_free is not None:
-                on_model_free()
+            self._drain(early, on_model_free or (lambda: None))
         finally:
             # The last batch's outcomes are stored and its messages acked before the task
             # returns, or, after an error, before the unacked rest go back to their queues.
             self.writer.written()
 
-    def _drain(self, early: EarlyPass | None) -> None:
+    def _drain(self, early: EarlyPass | None, on_model_free: Callable[[], None]) -> None:
         # A realtime seed starts its pass at once: realtime work waiting beside it is pulled
         # while that pass runs, for the next one. At idle there is none, and looking for it
         # first would put a broker round trip and a cost-model read between claim and pass.
@@ -128,6 +126,8 @@ class DrainLoop:
         running: tuple[list[Held], Future] | None = None
         if batch:
             running = (batch, self._adopt(batch, early) or self._start(batch))
+        else:
+            on_model_free()
         while running is not None:
             held, future = running
             # While the model runs: form and claim the next batch, as late as the pass allows,
@@ -152,6 +152,10 @@ class DrainLoop:
             if formed_early:
                 upcoming = self.fresh_first(upcoming)
             running = (upcoming, self._start(upcoming)) if upcoming else None
+            if running is None:
+                # Before the write and the cost model's update: a sequential client's next
+                # request may already be offering its head start.
+                on_model_free()
             # While the next batch runs: this one's outcomes go to the store thread (once the
             # one before is stored and its finished messages acked).
             self.writer.write(
