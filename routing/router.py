@@ -122,6 +122,13 @@ def route_entries(service_id: int) -> list[RouteEntry]:
     return entries
 
 
+def cached_route_entries(service_id: int) -> list[RouteEntry] | None:
+    """route_entries as this process has them cached, or None when it has not (never
+    queries): for a caller that must not wait on Postgres."""
+    cached = _routes.get(service_id)
+    return cached[1] if cached is not None and cached[0] > time.monotonic() else None
+
+
 def forget_routes() -> None:
     _routes.clear()
 

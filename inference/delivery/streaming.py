@@ -21,7 +21,7 @@ import redis
 from inference.delivery.waiting import (
     SUBSCRIBE_CONFIRM_TIMEOUT_S,
     Notice,
-    _async_redis,
+    async_redis,
     job_channel,
 )
 from renq_site.shared_redis import shared_redis
@@ -83,13 +83,13 @@ async def generated_text(
     """The job's text, piece by piece, as generated; ends when the job is final (or at
     `timeout_s`). `is_final()` reads the job's status."""
     deadline = time.monotonic() + timeout_s
-    pubsub = _async_redis().pubsub()
+    pubsub = async_redis().pubsub()
     next_seq = 0
     try:
         await pubsub.subscribe(text_channel(job_id), job_channel(job_id))
         for _ in range(2):  # one confirmation per channel
             await pubsub.get_message(timeout=SUBSCRIBE_CONFIRM_TIMEOUT_S)
-        for raw in await _async_redis().lrange(text_log(job_id), 0, -1):
+        for raw in await async_redis().lrange(text_log(job_id), 0, -1):
             piece = json.loads(raw)
             if piece["seq"] == next_seq:
                 next_seq += 1

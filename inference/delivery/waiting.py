@@ -200,9 +200,10 @@ def on_jobs_finished(sender, *, job_ids, stored: Sequence[Outcome] = (), **_kwar
 _async_clients: dict[asyncio.AbstractEventLoop, redis.asyncio.Redis] = {}
 
 
-def _async_redis() -> redis.asyncio.Redis:
+def async_redis() -> redis.asyncio.Redis:
     """One async client (and connection pool) per event loop: a streamed generation borrows a
-    connection for its subscription and gives it back when done."""
+    connection for its subscription and gives it back when done, a command one for its round
+    trip."""
     loop = asyncio.get_running_loop()
     client = _async_clients.get(loop)
     if client is None:
@@ -347,7 +348,7 @@ class JobWaiters:
             if self._reader is not None and not self._reader.done():
                 return
             if self._pubsub is None:
-                self._pubsub = _async_redis().pubsub()
+                self._pubsub = async_redis().pubsub()
                 self._confirmations[self._pattern] = asyncio.get_running_loop().create_future()
                 # The pattern also keeps the connection subscribed (and its reader reading)
                 # while no request waits.

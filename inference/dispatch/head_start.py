@@ -4,11 +4,14 @@ delivery are under way instead of after them.
 
 The web pushes an offer (the job's id and input) onto a short Redis list per realtime queue just
 before it commits the job; an idle GPU worker of that queue pops it and starts the pass
-(inference.workers.gpu.early_pass). The message still decides, as for any early pass: the
-outcome counts only when the job's own message reaches that worker, its claim returns the job
-and its first batch is that job alone and whole; otherwise the pass is dropped. An offer is a
-head start, not a delivery: one lost, late or never taken costs the job nothing, and a job that
-is never committed leaves only a pass nobody adopts.
+(inference.workers.gpu.early_pass). The OpenAI front door, which chooses its jobs' ids itself,
+offers sooner still when it can from what its process has cached: from the event loop, while
+the submission goes to its database thread (offer_before_submit). The message still decides,
+as for any early pass: the outcome counts only when the job's own message reaches that
+worker, its claim returns the job and its first batch is that job alone, whole and with the
+input the pass ran on; otherwise the pass is dropped. An offer is a head start, not a
+delivery: one lost, late or never taken costs the job nothing, and a job that is never
+committed (or refused, or served at another tier) leaves only a pass nobody adopts.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import redis
+import redis.asyncio
 
 from inference.dispatch.publishing import RUN_JOB_TASK, carried_input, destination
 from inference.models import Job
@@ -51,6 +55,14 @@ def offer_key(queue: str) -> str:
     return f"{OFFER_PREFIX}{queue}"
 
 
+def _queue_offer(pipe, queue: str, job_id: str, carried: str) -> None:
+    """The offer's commands, on a pipeline (redis-py's or its asyncio twin's)."""
+    key = offer_key(queue)
+    pipe.lpush(key, json.dumps({"job": job_id, "input": carried, "at": time.time()}))
+    pipe.ltrim(key, 0, MAX_OFFERS_KEPT - 1)
+    pipe.pexpire(key, OFFER_TTL_MS)
+
+
 def offer_head_start(job: Job) -> None:
     """Offer a realtime job bound for a GPU worker to an idle one, in one Redis round trip.
     Best effort: a Redis error loses only the head start."""
@@ -60,16 +72,26 @@ def offer_head_start(job: Job) -> None:
     target = destination(job)
     if target.task != RUN_JOB_TASK:
         return  # a cloud call has no forward pass to start
-    key = offer_key(target.queue)
-    offer = json.dumps({"job": str(job.pk), "input": carried, "at": time.time()})
     pipe = shared_redis().pipeline(transaction=False)
-    pipe.lpush(key, offer)
-    pipe.ltrim(key, 0, MAX_OFFERS_KEPT - 1)
-    pipe.pexpire(key, OFFER_TTL_MS)
+    _queue_offer(pipe, target.queue, str(job.pk), carried)
     try:
         pipe.execute()
     except redis.RedisError:
         logger.debug("head start not offered for job %s", job.pk, exc_info=True)
+
+
+async def offer_before_submit(
+    client: redis.asyncio.Redis, queue: str, job_id: str, carried: str
+) -> None:
+    """The same offer from a front door's event loop, for a job whose queue and input it
+    knows before its submission runs (the database thread's hop, authentication and
+    admission then overlap the pass too). Best effort, as offer_head_start."""
+    pipe = client.pipeline(transaction=False)
+    _queue_offer(pipe, queue, job_id, carried)
+    try:
+        await pipe.execute()
+    except (redis.RedisError, OSError):
+        logger.debug("head start not offered for job %s", job_id, exc_info=True)
 
 
 def take_offer(client: redis.Redis, queues: Sequence[str], timeout_s: int) -> Offer | None:

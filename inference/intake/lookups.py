@@ -51,6 +51,19 @@ def active_service(name: str) -> Service | None:
     return _services[name]
 
 
+def cached_api_key(plaintext: str) -> ApiKey | None:
+    """The key as this process last found it valid, or None when it has not (never queries,
+    never looks at the change marker: up to a recheck staler than api_key). For work that the
+    full lookup confirms before anything of it counts."""
+    return _keys.get(ApiKey.hash(plaintext))
+
+
+def cached_service(name: str) -> Service | None:
+    """The active service as this process has it cached, or None (never queries; as stale as
+    cached_api_key)."""
+    return _services.get(name)
+
+
 def forget_all() -> None:
     """Drop every cached row now (tests that change rows without saving them)."""
     with _lock:

@@ -145,6 +145,8 @@ class JobRequest:
     # The new job's id, when the caller chose it (a front door that subscribes to the job's
     # notification before submitting it); a fresh one otherwise.
     job_id: uuid.UUID | None = None
+    # The caller offered the job's head start already (inference.dispatch.head_start).
+    head_start_offered: bool = False
 
     @property
     def tokens(self) -> int:
@@ -178,9 +180,10 @@ def submit_job(
     idempotency_key: str = "",
     actor: str = "",
     job_id: uuid.UUID | None = None,
+    head_start_offered: bool = False,
 ) -> Job:
     """Validate, admit and store one job (with `job_id`, if given); its dispatch message is
-    published after commit.
+    published after commit. `head_start_offered`: the caller offered its head start already.
 
     Raises InputError (400, names the field; UnservableJob when no configured backend can
     serve it) or AdmissionRefused (429/503 with Retry-After).
@@ -197,7 +200,7 @@ def submit_job(
         deadline_ms=deadline_ms,
     )
     if job_id is not None:
-        request = replace(request, job_id=job_id)
+        request = replace(request, job_id=job_id, head_start_offered=head_start_offered)
     try:
         return submit_jobs(tenant, [request], idempotency_key=key, listed=False, actor=actor)[0]
     except IntegrityError:
@@ -317,7 +320,7 @@ def accept(
                 publish_many_on_commit(created, counted_on=True)
             else:
                 lock_order = tuple(check.lock_key for check, _ in checked)
-                if len(created) == 1:
+                if len(created) == 1 and not requests[pending[0]].head_start_offered:
                     # Before the commit: an idle worker starts the pass meanwhile.
                     offer_head_start(created[0])
                 _group_commit.submit(statements, created, lock_order=lock_order)

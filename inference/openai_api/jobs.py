@@ -3,14 +3,19 @@ submit the request as a job, read it back once it is final."""
 
 from __future__ import annotations
 
+import json
 import uuid
 
 from django.utils import timezone
 
+from inference.dispatch.publishing import MAX_CARRIED_INPUT_BYTES
+from inference.dispatch.queues import tier_queue
 from inference.intake import lookups
 from inference.intake.admission import AdmissionRefused
 from inference.intake.submission import submit_job
 from inference.jobs.inputs import InputError
+from inference.jobs.kinds import validate_input
+from inference.jobs.tiers import Tier
 from inference.models import TERMINAL_STATUSES, Job, Tenant
 from inference.openai_api.endpoints import Endpoint, JobRequest, prepare
 from inference.openai_api.errors import (
@@ -18,6 +23,7 @@ from inference.openai_api.errors import (
     from_input_error,
     invalid_api_key,
 )
+from routing.router import cached_route_entries
 
 PRIORITY_HEADER = "X-Renq-Priority"
 DEADLINE_HEADER = "X-Renq-Deadline-Ms"
@@ -36,6 +42,37 @@ def authenticate(authorization: str) -> Tenant:
     return api_key.tenant
 
 
+def head_start_target(
+    authorization: str, endpoint: Endpoint, body: object, priority: str | None
+) -> tuple[str, str] | None:
+    """The queue and the input (JSON) to offer an idle worker for this request's job before
+    it is submitted, from the event loop: a realtime job of a service with no route, whose
+    key and service this process has cached. Never queries: None when anything is not
+    cached, or the job would not be such a job, and the submit then offers it as for any
+    job. The submit still decides everything: a pass for a job that is then refused, served
+    at another tier or never committed is dropped (inference.workers.gpu.early_pass)."""
+    if priority != Tier.REALTIME or not isinstance(body, dict):
+        return None
+    scheme, _, key = authorization.partition(" ")
+    api_key = lookups.cached_api_key(key.strip()) if scheme.lower() == "bearer" else None
+    service = lookups.cached_service(body["model"]) if isinstance(body.get("model"), str) else None
+    if api_key is None or service is None or service.kind != endpoint.kind:
+        return None
+    if api_key.expires_at is not None and api_key.expires_at <= timezone.now():
+        return None
+    if cached_route_entries(service.pk) != []:
+        return None  # routed, or not known yet: the route may send it to a cloud API
+    try:
+        payload, _ = endpoint.build(body, service)
+        clean = validate_input(service.kind, payload, max_items=service.max_items_per_job)
+    except Exception:  # noqa: BLE001 - the submit answers a bad request, in its own words
+        return None
+    carried = json.dumps(clean)
+    if len(carried) > MAX_CARRIED_INPUT_BYTES:
+        return None
+    return tier_queue(service.name, Tier.REALTIME), carried
+
+
 def submit(
     authorization: str,
     endpoint: Endpoint,
@@ -44,10 +81,11 @@ def submit(
     deadline_ms: int | None = None,
     idempotency_key: str = "",
     job_id: uuid.UUID | None = None,
+    head_start_offered: bool = False,
 ) -> tuple[Job, JobRequest]:
     """Authenticate, translate and submit (as `job_id`, if given): one trip to the database
     thread per request. With an Idempotency-Key already sent with the same request, the job
-    that request made."""
+    that request made. `head_start_offered`: the caller offered its head start already."""
     tenant = authenticate(authorization)
     request = prepare(endpoint, body)
     if isinstance(body, dict) and body.get("stream") is True:
@@ -62,6 +100,7 @@ def submit(
             deadline_ms=deadline_ms,
             idempotency_key=idempotency_key,
             job_id=job_id,
+            head_start_offered=head_start_offered,
         )
     except InputError as exc:
         headers = {"priority": PRIORITY_HEADER, "deadline_ms": DEADLINE_HEADER}

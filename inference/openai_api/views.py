@@ -10,6 +10,7 @@ for (or answers with) the job that attempt made.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -25,7 +26,8 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from inference.delivery.json_response import AnswerResponse
 from inference.delivery.streaming import generated_text
-from inference.delivery.waiting import new_job_id, subscribe, wait_for_final_job
+from inference.delivery.waiting import async_redis, new_job_id, subscribe, wait_for_final_job
+from inference.dispatch.head_start import offer_before_submit
 from inference.intake.submission import IDEMPOTENCY_KEY_HEADER, effective_deadline_s
 from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.models import Job, Service, Tenant
@@ -134,7 +136,18 @@ async def submitted(
 ) -> tuple[Job, JobRequest, float]:
     """The request's job, submitted (as `job_id`, if given; or found again by its
     Idempotency-Key), its request, and how long the request may wait for it: the client's
-    deadline, never past the service's."""
+    deadline, never past the service's. A job of `job_id` that can be offered a head start
+    from here is offered one first, while the submit is on its way to the database thread."""
+    offered = False
+    if job_id is not None and not idempotency_key(request):  # a key may find an older job
+        target = jobs.head_start_target(authorization(request), endpoint, body, priority)
+        if target is not None:
+            queue, carried = target
+            _in_background(offer_before_submit(async_redis(), queue, str(job_id), carried))
+            # The offer goes out first: once on its thread, the submission would hold the GIL
+            # until its own first round trip.
+            await asyncio.sleep(0)
+            offered = True
     job, job_request = await in_db_thread(
         jobs.submit,
         authorization(request),
@@ -144,8 +157,19 @@ async def submitted(
         deadline_ms,
         idempotency_key(request),
         job_id,
+        offered,
     )
     return job, job_request, effective_deadline_s(job_request.service, deadline_ms)
+
+
+# Offers on their way (asyncio keeps only weak references to tasks).
+_offers: set[asyncio.Task] = set()
+
+
+def _in_background(offer: Awaitable[None]) -> None:
+    task = asyncio.ensure_future(offer)
+    _offers.add(task)
+    task.add_done_callback(_offers.discard)
 
 
 async def submitted_and_final(

@@ -6,9 +6,9 @@ pass at once and claims beside it, so the claim's round trip and the forming of 
 overlap the model instead of preceding it. An idle worker also takes head starts
 (inference.dispatch.head_start): the web offers a realtime job's input before its commit, and
 the pass then runs while the INSERT, the publish and the delivery are under way. The claim
-still decides: only a job it hands this worker, and that the loop then runs alone and whole,
-has the pass's outcome announced and stored; any other outcome is dropped, as a duplicate
-message's job is.
+still decides: only a job it hands this worker, and that the loop then runs alone and whole on
+the input the pass ran on, has the pass's outcome announced and stored; any other outcome is
+dropped, as a duplicate message's job is.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+# How long an offer that comes while a run is under way waits for it to end.
+RUN_END_WAIT_S = 0.01
 # How long one wait for a head-start offer blocks, and the pause after Redis failed.
 OFFER_WAIT_S = 5
 REDIS_RETRY_S = 1.0
@@ -57,6 +59,7 @@ class EarlyPass:
     started_at: float  # time.monotonic()
     started_ns: int  # time.time_ns(), for its span
     ended_ns: int | None = None
+    input: dict | None = None  # what the pass ran on
 
     def trace_in(self, trace: SpanContext | None) -> None:
         """The pass in the trace of its job's message, over the time it ran (a head start's
@@ -77,6 +80,8 @@ class EarlyPass:
         range of it, not a generation in steps); None otherwise (the pass is then dropped)."""
         if str(held.job.pk) != self.job_id or held.part is not None or held.steps is not None:
             return None
+        if held.job.input != self.input:
+            return None  # an offer made before the submit ran on what the job turned out not to be
         if held.resume is not None or held.item is None:
             return None
         tokens = held.item.tokens
@@ -117,7 +122,7 @@ def start_early_pass(
         return None
     started_at, started_ns = time.monotonic(), time.time_ns()
     future = model_thread.infer(engine, [job], [0])
-    early = EarlyPass(job_id, service.name, future, started_at, started_ns)
+    early = EarlyPass(job_id, service.name, future, started_at, started_ns, input=job.input)
     future.add_done_callback(lambda _: setattr(early, "ended_ns", time.time_ns()))
     if trace is not None:  # a head start has none yet: traced when its run adopts it
         early.trace_in(trace)
@@ -131,7 +136,7 @@ class HeadStarts:
 
     def __init__(self, model_thread: ModelThread):
         self._model_thread = model_thread
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._running = False
         self._started: EarlyPass | None = None
         self._listening = False
@@ -158,12 +163,16 @@ class HeadStarts:
         taken again."""
         with self._lock:
             self._running = False
+            self._lock.notify_all()
 
     def offered(self, offer: Offer) -> EarlyPass | None:
-        """Start the offered job's pass if this process is idle; the pass started, or None."""
+        """Start the offered job's pass if this process is idle, or a run under way ends within
+        RUN_END_WAIT_S; the pass started, or None."""
         if offer.age_s > MAX_OFFER_AGE_S:
             return None
         with self._lock:
+            # A sequential client's next request comes as the last one's run is ending.
+            self._lock.wait_for(lambda: not self._running, timeout=RUN_END_WAIT_S)
             busy = self._started is not None and not self._started.future.done()
             if self._running or busy:
                 return None

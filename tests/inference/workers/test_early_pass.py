@@ -153,6 +153,21 @@ def test_a_head_start_of_another_job_is_dropped(make_tenant, make_service, forwa
     assert not Job.objects.filter(pk=never_committed).exists()
 
 
+def test_a_head_start_on_another_input_than_the_jobs_is_dropped(
+    make_tenant, make_service, forward_runs
+):
+    # An offer made before the submit ran (the front door's) on what the job did not become.
+    job = _realtime_job(make_tenant, make_service, "head-start-input")
+    runner = BatchRunner(NoBroker())
+
+    assert runner.head_starts.offered(_offer(job.pk, "head-start-input", ["a", "b", "c"]))
+    _run_seed(job, None, runner)
+
+    job.refresh_from_db()
+    assert (job.status, job.result) == (JobStatus.SUCCEEDED, {"count": 2})
+    assert [len(run[0]["texts"]) for run in forward_runs] == [3, 2]
+
+
 def test_no_head_start_during_a_run_or_from_a_stale_offer(make_tenant, make_service):
     make_service("noop", name="head-start-busy")
     runner = BatchRunner(NoBroker())
