@@ -279,8 +279,11 @@ def overhead(*, quick: bool) -> dict:
 
 def raw_batched_texts_s(texts: list[str], batch: int = 32) -> float:
     """The raw model's own throughput in batches, in this process (same threads)."""
+    import torch
+
     from inference.engines import load_engine
 
+    torch.set_num_threads(MODEL_THREADS)  # as the worker's passes run, whatever ran before
     engine = load_engine("embedding", MODEL_REF)
     engine.run_batch([{"texts": texts[:batch]}])  # warm-up
     started = time.perf_counter()
