@@ -25,6 +25,10 @@ from inference.openai_api.errors import (
 )
 from routing.router import cached_route_entries
 
+# The kinds whose requests get a head start from the event loop: a generation takes none (its
+# model batches continuously), and building its prompt reads the model's chat template.
+HEAD_START_KINDS = frozenset({"embedding", "reranker"})
+
 PRIORITY_HEADER = "X-Renq-Priority"
 DEADLINE_HEADER = "X-Renq-Deadline-Ms"
 
@@ -51,7 +55,9 @@ def head_start_target(
     cached, or the job would not be such a job, and the submit then offers it as for any
     job. The submit still decides everything: a pass for a job that is then refused, served
     at another tier or never committed is dropped (inference.workers.gpu.early_pass)."""
-    if priority != Tier.REALTIME or not isinstance(body, dict):
+    if priority != Tier.REALTIME or endpoint.kind not in HEAD_START_KINDS:
+        return None
+    if not isinstance(body, dict):
         return None
     scheme, _, key = authorization.partition(" ")
     api_key = lookups.cached_api_key(key.strip()) if scheme.lower() == "bearer" else None
