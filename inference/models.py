@@ -109,6 +109,10 @@ class ApiKey(models.Model):
     def hash(plaintext: str) -> str:
         return hashlib.sha256(plaintext.encode()).hexdigest()
 
+    @property
+    def expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()
+
 
 class ServiceKind(models.TextChoices):
     EMBEDDING = "embedding", "Embedding"

@@ -237,7 +237,12 @@ def carried_input(job: Job) -> str | None:
     """The input a realtime job's message carries (JSON), or None: not realtime, too large."""
     if (job.serving_tier or job.tier) != Tier.REALTIME:
         return None
-    text = json.dumps(job.input)
+    return carried_text(job.input)
+
+
+def carried_text(job_input: dict) -> str | None:
+    """A job input as a message or a head start carries it (JSON), or None: too large."""
+    text = json.dumps(job_input)
     return text if len(text) <= MAX_CARRIED_INPUT_BYTES else None
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hmac
 import time
 
-from django.utils import timezone
 from rest_framework import authentication, exceptions
 
 from inference.intake import lookups
@@ -46,7 +45,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         if (
             api_key is None
             or not hmac.compare_digest(api_key.hashed_key, ApiKey.hash(plaintext))
-            or (api_key.expires_at is not None and api_key.expires_at <= timezone.now())
+            or api_key.expired
         ):
             # Counted only when wrong: a valid key costs no Redis round trip.
             failures_key = _failures_key(request)

@@ -3,12 +3,9 @@ submit the request as a job, read it back once it is final."""
 
 from __future__ import annotations
 
-import json
 import uuid
 
-from django.utils import timezone
-
-from inference.dispatch.publishing import MAX_CARRIED_INPUT_BYTES
+from inference.dispatch.publishing import carried_text
 from inference.dispatch.queues import tier_queue
 from inference.intake import lookups
 from inference.intake.admission import AdmissionRefused
@@ -33,15 +30,21 @@ PRIORITY_HEADER = "X-Renq-Priority"
 DEADLINE_HEADER = "X-Renq-Deadline-Ms"
 
 
+def bearer_key(authorization: str) -> str | None:
+    """The key of `Authorization: Bearer <key>`, or None when the header names none."""
+    scheme, _, key = authorization.partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+
+
 def authenticate(authorization: str) -> Tenant:
     """The tenant of `Authorization: Bearer <key>`, or a 401 in OpenAI's words."""
-    scheme, _, key = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    key = bearer_key(authorization)
+    if key is None:
         raise invalid_api_key(
             "You didn't provide an API key. Send it as 'Authorization: Bearer <api key>'."
         )
-    api_key = lookups.api_key(key.strip())
-    if api_key is None or (api_key.expires_at is not None and api_key.expires_at <= timezone.now()):
+    api_key = lookups.api_key(key)
+    if api_key is None or api_key.expired:
         raise invalid_api_key("Incorrect API key provided.")
     return api_key.tenant
 
@@ -59,12 +62,10 @@ def head_start_target(
         return None
     if not isinstance(body, dict):
         return None
-    scheme, _, key = authorization.partition(" ")
-    api_key = lookups.cached_api_key(key.strip()) if scheme.lower() == "bearer" else None
+    key = bearer_key(authorization)
+    api_key = lookups.cached_api_key(key) if key is not None else None
     service = lookups.cached_service(body["model"]) if isinstance(body.get("model"), str) else None
-    if api_key is None or service is None or service.kind != endpoint.kind:
-        return None
-    if api_key.expires_at is not None and api_key.expires_at <= timezone.now():
+    if api_key is None or api_key.expired or service is None or service.kind != endpoint.kind:
         return None
     if cached_route_entries(service.pk) != []:
         return None  # routed, or not known yet: the route may send it to a cloud API
@@ -73,10 +74,8 @@ def head_start_target(
         clean = validate_input(service.kind, payload, max_items=service.max_items_per_job)
     except Exception:  # noqa: BLE001 - the submit answers a bad request, in its own words
         return None
-    carried = json.dumps(clean)
-    if len(carried) > MAX_CARRIED_INPUT_BYTES:
-        return None
-    return tier_queue(service.name, Tier.REALTIME), carried
+    carried = carried_text(clean)
+    return None if carried is None else (tier_queue(service.name, Tier.REALTIME), carried)
 
 
 def submit(
