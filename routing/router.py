@@ -107,10 +107,9 @@ _routes: dict[int, tuple[float, list[RouteEntry]]] = {}
 
 def route_entries(service_id: int) -> list[RouteEntry]:
     """The service's enabled route, in cascade order; [] when it has none."""
-    now = time.monotonic()
-    cached = _routes.get(service_id)
-    if cached is not None and cached[0] > now:
-        return cached[1]
+    cached = cached_route_entries(service_id)
+    if cached is not None:
+        return cached
     entries = list(
         RouteEntry.objects.filter(
             route__service_id=service_id, route__enabled=True, backend__enabled=True
@@ -118,7 +117,7 @@ def route_entries(service_id: int) -> list[RouteEntry]:
         .select_related("backend", "route")
         .order_by("order", "id")
     )
-    _routes[service_id] = (now + ROUTE_CACHE_TTL_S, entries)
+    _routes[service_id] = (time.monotonic() + ROUTE_CACHE_TTL_S, entries)
     return entries
 
 
