@@ -65,6 +65,9 @@ class ServiceKindSpec:
     one_item_per_piece: bool = False
     # The engine truncates each sequence at the model's max length (encoders do).
     truncates_to_model_length: bool = False
+    # A job run again gives the result it gave (no sampling): a result stored for it may be
+    # undone by a database crash and computed again (JobQuerySet.store_outcomes).
+    reproducible: bool = False
 
     def engine_class(self) -> type:
         """The kind's engine class (an inference.engines Engine), imported on first use."""
@@ -163,6 +166,7 @@ KINDS: dict[str, ServiceKindSpec] = {
         estimate_tokens=_estimate_embedding,
         longest_sequence_tokens=_longest_embedding,
         truncates_to_model_length=True,
+        reproducible=True,
     ),
     "reranker": ServiceKindSpec(
         name="reranker",
@@ -175,6 +179,7 @@ KINDS: dict[str, ServiceKindSpec] = {
         estimate_tokens=_estimate_rerank,
         longest_sequence_tokens=_longest_rerank,
         truncates_to_model_length=True,
+        reproducible=True,
     ),
     "llm": ServiceKindSpec(
         name="llm",
@@ -199,6 +204,7 @@ KINDS: dict[str, ServiceKindSpec] = {
         bulk_merge=lambda bulk_input, results: {"count": sum(r["count"] for r in results)},
         estimate_tokens=_estimate_embedding,
         longest_sequence_tokens=_longest_embedding,
+        reproducible=True,
     ),
 }
 

@@ -30,11 +30,13 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, models, transaction
 from django.db.models import Expression, F
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from psycopg2 import Binary
 from psycopg2.extras import execute_values
 
 from inference.jobs import signals
+from inference.jobs.kinds import kind_of
 from inference.jobs.status import JobStatus
 from inference.jobs.tiers import promises_latency
 from inference.jobs.vectors import split_result
@@ -84,13 +86,14 @@ RETURNING {columns},
           (SELECT r.backend_id FROM {route_table} AS r WHERE r.job_id = j.id)
 """
 
-# Sent ahead of a claim that is its own transaction (one query string, so one implicit
-# transaction: the setting ends with it). The claim is then visible at once but durable only
+# Sent ahead of a claim or a store that is its own transaction (one query string, so one
+# implicit transaction: the setting ends with it). It is then visible at once but durable only
 # when the WAL writer flushes it (within 3 x wal_writer_delay) or a later synchronous commit
-# does (the store of the same jobs, at the latest). A Postgres crash in between can only undo
-# the claim: the job is queued again, the store under the lost token writes nothing, and the
-# lost-message sweep republishes it, so it still runs; an idle realtime job's claim does not
-# wait on the disk.
+# does. A Postgres crash in between can only undo it. An undone claim: the job is queued again,
+# the store under the lost token writes nothing, and the lost-message sweep republishes it. An
+# undone store: the job is running again under a lease nobody renews (renew_leases renews only
+# claims made since the database started), so it is taken over and runs again, and its one
+# completion is the rerun's. So neither waits on the disk on an idle realtime job's path.
 _ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off;\n"
 
 _POISON_SQL = """
@@ -188,6 +191,13 @@ def _audit(cursor, job_ids: list, kind: str, statuses: list[str], token=None) ->
                 "token": str(token) if token else None,
             },
         )
+
+
+def _reproducible(outcome: Outcome) -> bool:
+    """Whether running the job again would give this result (its service, as claimed, is of a
+    kind without sampling); False when the job came without its service."""
+    job = outcome.job
+    return type(job).service.is_cached(job) and kind_of(job.service.kind).reproducible
 
 
 def _atomic_if(needed: bool, using: str):
@@ -360,13 +370,21 @@ class JobQuerySet(models.QuerySet):
         # store under the same claim (a redelivered message) records no second completion.
         written = 0
         succeeded: set[str] = set()
+        # Its own transaction need not wait for the WAL flush when a crash that undid it would
+        # only have the jobs computed again, to the same results (see _ASYNC_COMMIT); a
+        # caller's transaction commits as the caller decides.
+        unflushed = not connection.in_atomic_block and all(map(_reproducible, outcomes))
+        succeed_sql = (_ASYNC_COMMIT if unflushed else "") + _SUCCEED_AND_AUDIT_SQL
         with _atomic_if(bool(failures), self.db), connection.cursor() as cursor:
+            if unflushed and failures:
+                cursor.execute(_ASYNC_COMMIT)  # the first statement of the transaction
+                succeed_sql = _SUCCEED_AND_AUDIT_SQL
             if rows:
                 succeeded = {
                     str(row[0])
                     for row in execute_values(
                         cursor.cursor,
-                        _SUCCEED_AND_AUDIT_SQL,
+                        succeed_sql,
                         rows,
                         template=_SUCCEED_ROW,
                         page_size=len(rows),
@@ -486,10 +504,14 @@ class JobQuerySet(models.QuerySet):
 
     def renew_leases(self, worker: str, lease_s: float) -> int:
         """The worker still holds its running jobs: their leases run `lease_s` from now. A job
-        taken over since is held by another worker (or queued) and is not touched."""
-        return self.filter(status=JobStatus.RUNNING, worker=worker[:200]).update(
-            lease_expires_at=timezone.now() + timedelta(seconds=lease_s)
-        )
+        taken over since is held by another worker (or queued) and is not touched, nor is one
+        claimed before the database last started: a crash may have undone its store (see
+        _ASYNC_COMMIT), and its lease must lapse so that it runs again."""
+        return self.filter(
+            status=JobStatus.RUNNING,
+            worker=worker[:200],
+            claimed_at__gte=RawSQL("pg_postmaster_start_time()", ()),
+        ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease_s))
 
     def lapsed(self, now: datetime) -> JobQuerySet:
         """Running jobs whose lease ran out: their worker stopped renewing it."""

@@ -6,8 +6,9 @@ batch or a chunked generation runs.
 One keeper per process, on its own thread with its own Postgres session: it renews while the
 process is inside a task that holds claims (`holding()`), by worker identity, so it needs no
 list of tokens and renews nothing that was taken over (the takeover moved those rows to
-another worker, or back to queued). A frozen process renews nothing; when it wakes, its late
-stores match no row (the claim token changed) and its results are dropped.
+another worker, or back to queued), nor a claim older than the database's start (a crash may
+have undone its store: JobQuerySet.renew_leases). A frozen process renews nothing; when it
+wakes, its late stores match no row (the claim token changed) and its results are dropped.
 """
 
 from __future__ import annotations

@@ -191,7 +191,11 @@ def _pg_cluster_name() -> str:
     return sorted(p.name for p in Path("/etc/postgresql").iterdir())[0]
 
 
-def postgres_outage(s, outage_s: float, *, real_service: bool = False) -> None:
+def postgres_outage(
+    s, outage_s: float, *, real_service: bool = False, crash: bool = False
+) -> None:
+    """`crash`: the real server stops without a checkpoint (immediate mode) and recovers from
+    its WAL when it starts, losing the commits that did not wait for the WAL flush."""
     busy_backlog(s, 40)
     rate, before_s, after_s = 12.0, 1.0, 4.0
     n = int(rate * (before_s + outage_s + after_s))
@@ -201,11 +205,10 @@ def postgres_outage(s, outage_s: float, *, real_service: bool = False) -> None:
     time.sleep(before_s)
     watch = LogWatch(s)
     if real_service:
-        subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", _pg_cluster_name(), "main", "stop"],
-            check=True,
-            capture_output=True,
-        )
+        stop = ["pg_ctlcluster", "--skip-systemctl-redirect", _pg_cluster_name(), "main", "stop"]
+        if crash:
+            stop += ["-m", "immediate"]
+        subprocess.run(stop, check=True, capture_output=True)
     else:
         s.proxies.postgres.cut()
     down_at = time.monotonic()  # stopping a real server takes a while: from here it is down
@@ -226,7 +229,7 @@ def postgres_outage(s, outage_s: float, *, real_service: bool = False) -> None:
     recovery_s = _recovery(s.tenant, restored_wall, restored, timeout_s=30)
     load.join(120)
     report = ledger(
-        f"PostgreSQL {'stopped' if real_service else 'cut'} {outage_s:g} s",
+        f"PostgreSQL {'crashed' if crash else 'stopped' if real_service else 'cut'} {outage_s:g} s",
         s.tenant,
         s.clients.submissions,
         bound_s=90,
@@ -265,6 +268,12 @@ def test_postgres_cut_full(scenario):
 @real[1]
 def test_postgres_restarted_real(scenario):
     postgres_outage(scenario, outage_s=8, real_service=True)
+
+
+@real[0]
+@real[1]
+def test_postgres_crashed_real(scenario):
+    postgres_outage(scenario, outage_s=3, real_service=True, crash=True)
 
 
 # --- 4. PostgreSQL out of connections while jobs are claimed --------------------------------

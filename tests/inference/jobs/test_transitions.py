@@ -3,6 +3,7 @@ is one of its table's legal transitions."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 
@@ -158,7 +159,9 @@ def test_a_mixed_batch_stored_twice_records_one_completion_per_job(make_tenant, 
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_claim_of_its_own_commits_asynchronously_and_nothing_else_does(make_tenant, make_service):
+def test_a_claim_of_its_own_commits_asynchronously_and_the_session_stays_synchronous(
+    make_tenant, make_service
+):
     from django.db import connection, transaction
     from django.test.utils import CaptureQueriesContext
 
@@ -183,6 +186,47 @@ def test_a_claim_of_its_own_commits_asynchronously_and_nothing_else_does(make_te
         assert len(Job.objects.claim([inside.pk], worker="w").jobs) == 1
         assert setting() == "on"
     assert not any("SET LOCAL" in q["sql"] for q in queries)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_only_a_result_a_rerun_would_give_again_skips_the_wal_flush(
+    make_tenant, make_service, monkeypatch
+):
+    from django.db import transaction
+
+    from inference.jobs import transitions
+
+    # A store a crash undid is run again (tests/inference/workers/test_leases.py): the same
+    # vectors for an embedding, another text for a sampled generation whose client may
+    # already hold the first one. So a generation's store waits for the flush, as does one
+    # inside a caller's transaction.
+    tenant, _ = make_tenant()
+    reproducible = make_service("noop", name="store-async")
+    sampled = make_service("llm", name="store-sync")
+    vectors, text = _job(tenant, reproducible), _job(tenant, sampled)
+    inside = _job(tenant, reproducible)
+    sent = []  # the store's statements go straight to psycopg2 (execute_values)
+
+    def execute_values(cursor, sql, *args, **kwargs):
+        sent.append(sql)
+        return real_execute_values(cursor, sql, *args, **kwargs)
+
+    real_execute_values = transitions.execute_values
+    monkeypatch.setattr(transitions, "execute_values", execute_values)
+
+    def stored(job: Job, *, atomic: bool = False) -> str:
+        claim = Job.objects.claim([job.pk], worker="w")
+        sent.clear()
+        with transaction.atomic() if atomic else contextlib.nullcontext():
+            outcome = Outcome(job=claim.jobs[0], result={"ok": 1}, inference_ms=1.0)
+            assert Job.objects.store_outcomes(claim.token, [outcome]) == 1
+        (sql,) = sent
+        return sql
+
+    assert stored(vectors).startswith("SET LOCAL synchronous_commit TO off;")
+    assert "synchronous_commit" not in stored(text)
+    assert "synchronous_commit" not in stored(inside, atomic=True)
+    assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 3
 
 
 @pytest.mark.django_db(transaction=True)

@@ -9,6 +9,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from inference.dispatch.broker import ready_message_counts
@@ -73,6 +74,27 @@ def test_a_renewed_lease_is_not_taken_over(make_tenant, make_service):
     assert lease_keeper.renew_now() == 1
     assert take_over_lapsed_leases() == 0
     assert Job.objects.get(pk=job.pk).status == JobStatus.RUNNING
+
+
+def test_a_claim_older_than_the_database_is_left_to_lapse(make_tenant, make_service):
+    """Stores do not wait for the WAL flush, so a Postgres crash may undo one: the job is
+    running again under a claim its worker has finished with. Only claims made since the
+    database started are renewed, so that one lapses, is taken over and runs again."""
+    tenant, _ = make_tenant()
+    service = make_service("noop", name="lease-restart")
+    before, since = _queued(tenant, service, 2)
+    Job.objects.claim([before.pk, since.pk], worker=worker_identity())
+    Job.objects.filter(pk=before.pk).update(
+        claimed_at=RawSQL("pg_postmaster_start_time() - interval '1 second'", ())
+    )
+    _lapse(before)
+    _lapse(since)
+
+    assert lease_keeper.renew_now() == 1
+    assert take_over_lapsed_leases() == 1
+    assert Job.objects.get(pk=before.pk).status == JobStatus.QUEUED
+    assert Job.objects.get(pk=since.pk).status == JobStatus.RUNNING
+    purge_test_queues(service_queues(service.name))
 
 
 def test_a_job_lost_too_often_fails_instead_of_running_again(make_tenant, make_service, settings):
