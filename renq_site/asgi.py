@@ -15,6 +15,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
 django.setup(set_prefix=False)  # before the handlers' imports load models
 
 import renq_site.urls  # noqa: E402, F401  (the views load now, not on the first request)
+from inference.api.head_start import offer_before_lane  # noqa: E402
 from inference.openai_api.asgi import FrontDoorHandler  # noqa: E402
 from renq_site import tracing  # noqa: E402
 from renq_site.garbage_collection import freeze_startup_objects  # noqa: E402
@@ -24,7 +25,8 @@ tracing.configure()  # before the handlers load their middleware (Django's traci
 
 # Connections stay open (CONN_MAX_AGE) on a bounded set of threads per process: the lanes
 # here and the front door's database threads (inference/openai_api/db.py).
-django_application = LanedASGIHandler()
+# A realtime `POST /api/v1/jobs?wait=` offers its head start before it takes a lane.
+django_application = LanedASGIHandler(before_lane=offer_before_lane)
 
 FRONT_DOOR_PREFIX = "/v1/"
 # Cohere v2's and TEI's rerank paths, outside /v1/ as their clients call them.

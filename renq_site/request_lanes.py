@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import IO
 
 from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.core import signals
@@ -74,8 +75,17 @@ class RequestLane:
 
 
 class LanedASGIHandler(ASGIHandler):
-    def __init__(self, lanes: int = DEFAULT_LANES) -> None:
+    """`before_lane(scope, body_file)`: awaited on the event loop once the body is read, before
+    the request goes to its lane (it may add to the scope; it must leave the body file at its
+    start)."""
+
+    def __init__(
+        self,
+        lanes: int = DEFAULT_LANES,
+        before_lane: Callable[[dict, IO[bytes]], Awaitable[None]] | None = None,
+    ) -> None:
         super().__init__()
+        self._before_lane = before_lane
         # The synchronous chain (ASGIHandler built the async one), run on a lane by respond.
         self.load_middleware(is_async=False)
         if lanes < 1:
@@ -101,6 +111,8 @@ class LanedASGIHandler(ASGIHandler):
         except RequestAborted:
             return
         try:
+            if self._before_lane is not None:
+                await self._before_lane(scope, body_file)
             response = await sync_to_async(self.respond, thread_sensitive=True)(scope, body_file)
             if isinstance(response, DeferredResponse):
                 response = await response.answer()

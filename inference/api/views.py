@@ -16,6 +16,7 @@ from rest_framework.views import APIView
 
 from inference.api import schema as _schema  # noqa: F401 - registers the API key scheme
 from inference.api.errors import error_response, error_responses
+from inference.api.head_start import offered_job_id
 from inference.api.intake import job_fields, requested_actor
 from inference.api.serializers import (
     BulkJobSubmitSerializer,
@@ -178,7 +179,13 @@ class JobListCreateView(generics.ListAPIView):
             status=status.HTTP_200_OK if replayed else status.HTTP_202_ACCEPTED,
         )
 
-    def _submit_one(self, request, fields: dict, job_id: uuid.UUID | None = None) -> Job:
+    def _submit_one(
+        self,
+        request,
+        fields: dict,
+        job_id: uuid.UUID | None = None,
+        head_start_offered: bool = False,
+    ) -> Job:
         return submit_job(
             tenant=request.user,
             service_name=fields.get("service"),
@@ -188,6 +195,7 @@ class JobListCreateView(generics.ListAPIView):
             idempotency_key=request.headers.get(IDEMPOTENCY_KEY_HEADER, ""),
             actor=requested_actor(request),
             job_id=job_id,
+            head_start_offered=head_start_offered,
         )
 
     def _post_and_wait(self, request, fields: dict, encoding_format: str, wait_s: float):
@@ -197,9 +205,10 @@ class JobListCreateView(generics.ListAPIView):
         ids of `new_job_id` from the moment they exist, and one brings the outcome, so nothing
         is read back and no request thread is held."""
         on_event_loop = isinstance(request._request, ASGIRequest)
-        job_id = new_job_id()
+        offered = offered_job_id(request._request)  # its head start is under way
+        job_id = offered or new_job_id()
         submitted_at = time.monotonic()
-        job = self._submit_one(request, fields, job_id)
+        job = self._submit_one(request, fields, job_id, head_start_offered=offered is not None)
         # Not another request's job (its Idempotency-Key), nor answered from the result cache.
         own = job.pk == job_id and not job.is_terminal
 

@@ -4,9 +4,10 @@ delivery are under way instead of after them.
 
 The web pushes an offer (the job's id and input) onto a short Redis list per realtime queue just
 before it commits the job; an idle GPU worker of that queue pops it and starts the pass
-(inference.workers.gpu.early_pass). The OpenAI front door, which chooses its jobs' ids itself,
-offers sooner still when it can from what its process has cached: from the event loop, while
-the submission goes to its database thread (offer_before_submit). The message still decides,
+(inference.workers.gpu.early_pass). The front doors that choose their jobs' ids themselves (the
+OpenAI one, and a REST `POST ?wait=`) offer sooner still when they can from what their process
+has cached: from the event loop, while the submission goes to its database or request thread
+(offer_in_background). The message still decides,
 as for any early pass: the outcome counts only when the job's own message reaches that
 worker, its claim returns the job and its first batch is that job alone, whole and with the
 input the pass ran on; otherwise the pass is dropped. An offer is a head start, not a
@@ -16,6 +17,7 @@ committed (or refused, or served at another tier) leaves only a pass nobody adop
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
@@ -112,3 +114,15 @@ def take_offer(client: redis.Redis, queues: Sequence[str], timeout_s: int) -> Of
     except (ValueError, KeyError, TypeError):
         logger.warning("unreadable head-start offer on %s", key)
         return None
+
+
+_offering: set[asyncio.Task] = set()
+
+
+def offer_in_background(
+    client: redis.asyncio.Redis, queue: str, job_id: str, carried: str
+) -> None:
+    """offer_before_submit as a task of the running event loop, held until it ends."""
+    task = asyncio.ensure_future(offer_before_submit(client, queue, job_id, carried))
+    _offering.add(task)
+    task.add_done_callback(_offering.discard)

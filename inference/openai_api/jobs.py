@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import uuid
 
-from inference.dispatch.publishing import carried_text
-from inference.dispatch.queues import tier_queue
 from inference.intake import lookups
 from inference.intake.admission import AdmissionRefused
+from inference.intake.head_start_target import HEAD_START_KINDS, bearer_key
+from inference.intake.head_start_target import head_start_target as cached_head_start_target
 from inference.intake.submission import submit_job
 from inference.jobs.inputs import InputError
-from inference.jobs.kinds import validate_input
 from inference.jobs.tiers import Tier
 from inference.models import TERMINAL_STATUSES, Job, Tenant
 from inference.openai_api.endpoints import Endpoint, JobRequest, prepare
@@ -20,20 +19,9 @@ from inference.openai_api.errors import (
     from_input_error,
     invalid_api_key,
 )
-from routing.router import cached_route_entries
-
-# The kinds whose requests get a head start from the event loop: a generation takes none (its
-# model batches continuously), and building its prompt reads the model's chat template.
-HEAD_START_KINDS = frozenset({"embedding", "reranker"})
 
 PRIORITY_HEADER = "X-Renq-Priority"
 DEADLINE_HEADER = "X-Renq-Deadline-Ms"
-
-
-def bearer_key(authorization: str) -> str | None:
-    """The key of `Authorization: Bearer <key>`, or None when the header names none."""
-    scheme, _, key = authorization.partition(" ")
-    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
 
 
 def authenticate(authorization: str) -> Tenant:
@@ -53,29 +41,18 @@ def head_start_target(
     authorization: str, endpoint: Endpoint, body: object, priority: str | None
 ) -> tuple[str, str] | None:
     """The queue and the input (JSON) to offer an idle worker for this request's job before
-    it is submitted, from the event loop: a realtime job of a service with no route, whose
-    key and service this process has cached. Never queries: None when anything is not
-    cached, or the job would not be such a job, and the submit then offers it as for any
-    job. The submit still decides everything: a pass for a job that is then refused, served
-    at another tier or never committed is dropped (inference.workers.gpu.early_pass)."""
+    it is submitted (inference.intake.head_start_target), or None."""
     if priority != Tier.REALTIME or endpoint.kind not in HEAD_START_KINDS:
         return None
     if not isinstance(body, dict):
         return None
-    key = bearer_key(authorization)
-    api_key = lookups.cached_api_key(key) if key is not None else None
-    service = lookups.cached_service(body["model"]) if isinstance(body.get("model"), str) else None
-    if api_key is None or api_key.expired or service is None or service.kind != endpoint.kind:
-        return None
-    if cached_route_entries(service.pk) != []:
-        return None  # routed, or not known yet: the route may send it to a cloud API
-    try:
-        payload, _ = endpoint.build(body, service)
-        clean = validate_input(service.kind, payload, max_items=service.max_items_per_job)
-    except Exception:  # noqa: BLE001 - the submit answers a bad request, in its own words
-        return None
-    carried = carried_text(clean)
-    return None if carried is None else (tier_queue(service.name, Tier.REALTIME), carried)
+
+    def payload(service):
+        if service.kind != endpoint.kind:
+            raise ValueError(f"{service.name} is not a {endpoint.kind} service")
+        return endpoint.build(body, service)[0]
+
+    return cached_head_start_target(authorization, body.get("model"), payload)
 
 
 def submit(

@@ -27,7 +27,7 @@ from kombu.exceptions import OperationalError as BrokerError
 from inference.delivery.json_response import AnswerResponse
 from inference.delivery.streaming import generated_text
 from inference.delivery.waiting import async_redis, new_job_id, subscribe, wait_for_final_job
-from inference.dispatch.head_start import offer_before_submit
+from inference.dispatch.head_start import offer_in_background
 from inference.intake.submission import IDEMPOTENCY_KEY_HEADER, effective_deadline_s
 from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.models import Job, Service, Tenant
@@ -143,7 +143,7 @@ async def submitted(
         target = jobs.head_start_target(authorization(request), endpoint, body, priority)
         if target is not None:
             queue, carried = target
-            _in_background(offer_before_submit(async_redis(), queue, str(job_id), carried))
+            offer_in_background(async_redis(), queue, str(job_id), carried)
             # The offer goes out first: once on its thread, the submission would hold the GIL
             # until its own first round trip.
             await asyncio.sleep(0)
@@ -163,15 +163,6 @@ async def submitted(
 
 
 # Offers on their way (asyncio keeps only weak references to tasks).
-_offers: set[asyncio.Task] = set()
-
-
-def _in_background(offer: Awaitable[None]) -> None:
-    task = asyncio.ensure_future(offer)
-    _offers.add(task)
-    task.add_done_callback(_offers.discard)
-
-
 async def submitted_and_final(
     request: HttpRequest, endpoint: Endpoint, body, priority: str, deadline_ms: int | None
 ) -> tuple[Job, JobRequest, float, Job | None]:
