@@ -9,19 +9,13 @@ import json
 import pytest
 import requests
 
-from inference.dispatch.head_start import Offer, offer_key, take_offer
+from inference.dispatch.head_start import offer_key
 from inference.dispatch.queues import tier_queue
 from inference.models import Job
 from renq_site.shared_redis import shared_redis
+from tests.inference.openai_api.test_head_start import offers_in_redis
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _offers(queue: str) -> list[Offer]:
-    offers = []
-    while (offer := take_offer(shared_redis(), [queue], timeout_s=1)) is not None:
-        offers.append(offer)
-    return offers
 
 
 def test_a_realtime_post_that_waits_is_offered_once_and_before_its_submit_once_cached(
@@ -41,7 +35,7 @@ def test_a_realtime_post_that_waits_is_offered_once_and_before_its_submit_once_c
         )
         assert answer.status_code == 202, answer.text
         job = Job.objects.get(pk=answer.json()["id"])
-        offers = _offers(queue)
+        offers = offers_in_redis(queue)
         assert [offer.job_id for offer in offers] == [str(job.pk)]
         assert json.loads(offers[0].carried) == job.input == {"texts": [text]}
         offered_before_submit.append(offers[0].offered_at < job.created_at.timestamp())

@@ -17,7 +17,8 @@ from renq_site.shared_redis import shared_redis
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _offers(queue: str) -> list[Offer]:
+def offers_in_redis(queue: str) -> list[Offer]:
+    """The offers waiting for `queue`'s workers, taken."""
     offers = []
     while (offer := take_offer(shared_redis(), [queue], timeout_s=1)) is not None:
         offers.append(offer)
@@ -41,7 +42,7 @@ def test_a_realtime_request_is_offered_once_and_before_its_submit_once_cached(
         )
         assert answer.status_code == 504, answer.text
         job = Job.objects.get(pk=answer.headers["X-Renq-Job-Id"])
-        offers = _offers(queue)
+        offers = offers_in_redis(queue)
         assert [offer.job_id for offer in offers] == [str(job.pk)]
         assert json.loads(offers[0].carried) == job.input == {"texts": [text]}
         offered_before_submit.append(offers[0].offered_at < job.created_at.timestamp())
