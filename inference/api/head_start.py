@@ -44,8 +44,9 @@ async def offer_before_lane(scope: dict, body_file: IO[bytes]) -> None:
     target = head_start_target(authorization, body.get("service"), lambda _: body.get("input"))
     if target is None:
         return
+    queue, carried = target
     job_id = new_job_id()
-    offer_in_background(async_redis(), target[0], str(job_id), target[1])
+    offer_in_background(async_redis(), queue, str(job_id), carried)
     scope[JOB_ID_SCOPE_KEY] = job_id
     # The offer goes out first: once on its lane, the request would hold the GIL until its
     # own first round trip.

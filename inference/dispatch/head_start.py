@@ -7,10 +7,10 @@ before it commits the job; an idle GPU worker of that queue pops it and starts t
 (inference.workers.gpu.early_pass). The front doors that choose their jobs' ids themselves (the
 OpenAI one, and a REST `POST ?wait=`) offer sooner still when they can from what their process
 has cached: from the event loop, while the submission goes to its database or request thread
-(offer_in_background). The message still decides,
-as for any early pass: the outcome counts only when the job's own message reaches that
-worker, its claim returns the job and its first batch is that job alone, whole and with the
-input the pass ran on; otherwise the pass is dropped. An offer is a head start, not a
+(offer_in_background). The message still decides, as for any early pass: the outcome counts
+only when the job's own message reaches that worker, its claim returns the job and its first
+batch is that job alone, whole and with the input the pass ran on; otherwise the pass is
+dropped. An offer is a head start, not a
 delivery: one lost, late or never taken costs the job nothing, and a job that is never
 committed (or refused, or served at another tier) leaves only a pass nobody adopts.
 """
@@ -82,20 +82,6 @@ def offer_head_start(job: Job) -> None:
         logger.debug("head start not offered for job %s", job.pk, exc_info=True)
 
 
-async def offer_before_submit(
-    client: redis.asyncio.Redis, queue: str, job_id: str, carried: str
-) -> None:
-    """The same offer from a front door's event loop, for a job whose queue and input it
-    knows before its submission runs (the database thread's hop, authentication and
-    admission then overlap the pass too). Best effort, as offer_head_start."""
-    pipe = client.pipeline(transaction=False)
-    _queue_offer(pipe, queue, job_id, carried)
-    try:
-        await pipe.execute()
-    except (redis.RedisError, OSError):
-        logger.debug("head start not offered for job %s", job_id, exc_info=True)
-
-
 def take_offer(client: redis.Redis, queues: Sequence[str], timeout_s: int) -> Offer | None:
     """The oldest offer for one of `queues`, waiting up to `timeout_s` for one (None: none
     came). Raises what Redis raises."""
@@ -116,13 +102,26 @@ def take_offer(client: redis.Redis, queues: Sequence[str], timeout_s: int) -> Of
         return None
 
 
+# Offers on their way (asyncio keeps only weak references to tasks).
 _offering: set[asyncio.Task] = set()
 
 
 def offer_in_background(
     client: redis.asyncio.Redis, queue: str, job_id: str, carried: str
 ) -> None:
-    """offer_before_submit as a task of the running event loop, held until it ends."""
-    task = asyncio.ensure_future(offer_before_submit(client, queue, job_id, carried))
+    """The same offer from a front door's event loop, for a job whose queue and input it knows
+    before its submission runs (the hop to a database thread or request lane, authentication
+    and admission then overlap the pass too): a task of the running loop, held until it ends.
+    Best effort, as offer_head_start."""
+    task = asyncio.ensure_future(_offer(client, queue, job_id, carried))
     _offering.add(task)
     task.add_done_callback(_offering.discard)
+
+
+async def _offer(client: redis.asyncio.Redis, queue: str, job_id: str, carried: str) -> None:
+    pipe = client.pipeline(transaction=False)
+    _queue_offer(pipe, queue, job_id, carried)
+    try:
+        await pipe.execute()
+    except (redis.RedisError, OSError):
+        logger.debug("head start not offered for job %s", job_id, exc_info=True)

@@ -21,12 +21,6 @@ from routing.router import cached_route_entries
 HEAD_START_KINDS = frozenset({"embedding", "reranker"})
 
 
-def bearer_key(authorization: str) -> str | None:
-    """The key of `Authorization: Bearer <key>`, or None when the header names none."""
-    scheme, _, key = authorization.partition(" ")
-    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
-
-
 def head_start_target(
     authorization: str, service_name: object, payload: Callable[[Service], object]
 ) -> tuple[str, str] | None:
@@ -34,7 +28,7 @@ def head_start_target(
     input `payload(service)` builds (raising when the request is not one for that service):
     None unless the key and the service are cached, the service is of a kind that takes head
     starts and has no route (one may send the job to a cloud API), and the input is valid."""
-    key = bearer_key(authorization)
+    key = lookups.bearer_key(authorization)
     api_key = lookups.cached_api_key(key) if key is not None else None
     service = lookups.cached_service(service_name) if isinstance(service_name, str) else None
     if api_key is None or api_key.expired or service is None:

@@ -31,6 +31,12 @@ def _fresh() -> None:
             forget_routes()
 
 
+def bearer_key(authorization: str) -> str | None:
+    """The key of `Authorization: Bearer <key>`, or None when the header names none."""
+    scheme, _, key = authorization.partition(" ")
+    return key.strip() if scheme.lower() == "bearer" and key.strip() else None
+
+
 def api_key(plaintext: str) -> ApiKey | None:
     """The active, unrevoked key with its tenant loaded, or None. Unknown keys are not cached
     (a guess must not fill memory); their cost is bounded by the brute-force limit."""

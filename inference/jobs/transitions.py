@@ -374,11 +374,13 @@ class JobQuerySet(models.QuerySet):
         # only have the jobs computed again, to the same results (see _ASYNC_COMMIT); a
         # caller's transaction commits as the caller decides.
         unflushed = not connection.in_atomic_block and all(map(_reproducible, outcomes))
-        succeed_sql = (_ASYNC_COMMIT if unflushed else "") + _SUCCEED_AND_AUDIT_SQL
+        # Alone, the successes' statement is the transaction, and carries the setting itself.
+        succeed_sql = _SUCCEED_AND_AUDIT_SQL
         with _atomic_if(bool(failures), self.db), connection.cursor() as cursor:
             if unflushed and failures:
-                cursor.execute(_ASYNC_COMMIT)  # the first statement of the transaction
-                succeed_sql = _SUCCEED_AND_AUDIT_SQL
+                cursor.execute(_ASYNC_COMMIT)
+            elif unflushed:
+                succeed_sql = _ASYNC_COMMIT + _SUCCEED_AND_AUDIT_SQL
             if rows:
                 succeeded = {
                     str(row[0])

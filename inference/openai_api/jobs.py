@@ -7,7 +7,7 @@ import uuid
 
 from inference.intake import lookups
 from inference.intake.admission import AdmissionRefused
-from inference.intake.head_start_target import HEAD_START_KINDS, bearer_key
+from inference.intake.head_start_target import HEAD_START_KINDS
 from inference.intake.head_start_target import head_start_target as cached_head_start_target
 from inference.intake.submission import submit_job
 from inference.jobs.inputs import InputError
@@ -26,7 +26,7 @@ DEADLINE_HEADER = "X-Renq-Deadline-Ms"
 
 def authenticate(authorization: str) -> Tenant:
     """The tenant of `Authorization: Bearer <key>`, or a 401 in OpenAI's words."""
-    key = bearer_key(authorization)
+    key = lookups.bearer_key(authorization)
     if key is None:
         raise invalid_api_key(
             "You didn't provide an API key. Send it as 'Authorization: Bearer <api key>'."

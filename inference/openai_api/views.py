@@ -162,7 +162,6 @@ async def submitted(
     return job, job_request, effective_deadline_s(job_request.service, deadline_ms)
 
 
-# Offers on their way (asyncio keeps only weak references to tasks).
 async def submitted_and_final(
     request: HttpRequest, endpoint: Endpoint, body, priority: str, deadline_ms: int | None
 ) -> tuple[Job, JobRequest, float, Job | None]:
