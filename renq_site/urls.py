@@ -1,9 +1,10 @@
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularSwaggerView
 from rest_framework.permissions import AllowAny
 
 from inference.admin import queues_view, service_queue_view
+from inference.api.schema import SchemaView
 from inference.batch_api import urls as batch_api_urls
 from inference.metrics.collector import metrics_view
 from inference.openai_api import urls as openai_api_urls
@@ -39,7 +40,7 @@ urlpatterns = [
     *openai_api_urls.root_urlpatterns,
     path(
         "api/schema/",
-        SpectacularAPIView.as_view(authentication_classes=[], permission_classes=[AllowAny]),
+        SchemaView.as_view(authentication_classes=[], permission_classes=[AllowAny]),
         name="schema",
     ),
     path(

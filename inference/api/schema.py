@@ -5,12 +5,17 @@
 - Request bodies are closed: the views refuse unknown fields by name (a typo such as "priorty"
   must not run a job at the default tier), so the schema says `additionalProperties: false`.
 
-The hook is listed in SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"].
+The hook is listed in SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]. `SchemaView` serves it.
 """
 
 from __future__ import annotations
 
+import threading
+
+from django.utils import translation
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.response import Response
 
 # Request components whose unknown fields the API refuses (inference.api.intake.JOB_FIELDS).
 CLOSED_REQUEST_COMPONENTS = ("JobSubmit", "BulkJobSubmit")
@@ -34,3 +39,27 @@ def closed_request_bodies(result, generator, request, public):
         if name in schemas:
             schemas[name]["additionalProperties"] = False
     return result
+
+
+class SchemaView(SpectacularAPIView):
+    """/api/schema/, generated once per process and version, under a lock: drf-spectacular's
+    generator is not thread-safe (its extensions load lazily, in shared class state), so the
+    first requests of a fresh web process that came together answered 500 (upstream
+    tfranzel/drf-spectacular#1123). The schema changes only with the code."""
+
+    _lock = threading.Lock()
+    _schemas: dict[tuple, dict] = {}
+
+    def _get_schema_response(self, request):
+        version = self.api_version or request.version or self._get_version_parameter(request)
+        key = (version, translation.get_language(), self.serve_public)
+        with self._lock:
+            schema = self._schemas.get(key)
+            if schema is None:
+                generator = self.generator_class(
+                    urlconf=self.urlconf, api_version=version, patterns=self.patterns
+                )
+                schema = generator.get_schema(request=request, public=self.serve_public)
+                self._schemas[key] = schema
+        filename = self._get_filename(request, version)
+        return Response(schema, headers={"Content-Disposition": f'inline; filename="{filename}"'})
