@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import redis
 
 from renq_site.shared_redis import shared_redis
+from routing.redis_scripts import registered_script
 
 logger = logging.getLogger(__name__)
 
@@ -128,16 +129,10 @@ class BatchCostModel:
     def _update(self, elapsed_s: float, tokens: int, which: str) -> None:
         self._read = None
         try:
-            per_token_s, per_batch_s, samples = self.redis.eval(
-                _UPDATE,
-                1,
-                self.key,
-                elapsed_s,
-                tokens,
-                PRIOR_PER_TOKEN_S,
-                PRIOR_PER_BATCH_S,
-                EWMA_ALPHA,
-                which,
+            # By its hash (EVALSHA): EVAL sent and parsed the script's source every pass.
+            per_token_s, per_batch_s, samples = registered_script(self.redis, _UPDATE)(
+                keys=[self.key],
+                args=[elapsed_s, tokens, PRIOR_PER_TOKEN_S, PRIOR_PER_BATCH_S, EWMA_ALPHA, which],
             )
         except redis.RedisError:
             # A statistic: a lost sample must not cost a batch its results.
