@@ -43,9 +43,8 @@ def closed_request_bodies(result, generator, request, public):
 
 class SchemaView(SpectacularAPIView):
     """/api/schema/, generated once per process and version, under a lock: drf-spectacular's
-    generator is not thread-safe (its extensions load lazily, in shared class state), so the
-    first requests of a fresh web process that came together answered 500 (upstream
-    tfranzel/drf-spectacular#1123). The schema changes only with the code."""
+    generator is not thread-safe (its extensions load lazily into shared class state,
+    tfranzel/drf-spectacular#1123), and the schema changes only with the code."""
 
     _lock = threading.Lock()
     _schemas: dict[tuple, dict] = {}

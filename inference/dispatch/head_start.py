@@ -10,9 +10,9 @@ has cached: from the event loop, while the submission goes to its database or re
 (offer_in_background). The message still decides, as for any early pass: the outcome counts
 only when the job's own message reaches that worker, its claim returns the job and its first
 batch is that job alone, whole and with the input the pass ran on; otherwise the pass is
-dropped. An offer is a head start, not a
-delivery: one lost, late or never taken costs the job nothing, and a job that is never
-committed (or refused, or served at another tier) leaves only a pass nobody adopts.
+dropped. An offer is a head start, not a delivery: one lost, late or never taken costs the job
+nothing, and a job that is never committed (or refused, or served at another tier) leaves only
+a pass nobody adopts.
 """
 
 from __future__ import annotations

@@ -129,7 +129,6 @@ class BatchCostModel:
     def _update(self, elapsed_s: float, tokens: int, which: str) -> None:
         self._read = None
         try:
-            # By its hash (EVALSHA): EVAL sent and parsed the script's source every pass.
             per_token_s, per_batch_s, samples = registered_script(self.redis, _UPDATE)(
                 keys=[self.key],
                 args=[elapsed_s, tokens, PRIOR_PER_TOKEN_S, PRIOR_PER_BATCH_S, EWMA_ALPHA, which],

@@ -13,8 +13,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_a_fresh_web_process_answers_concurrent_schema_requests_alike():
-    # drf-spectacular's generator is not thread-safe: the first requests of a process that
-    # came together answered 500 (three of four, every time, before SchemaView's lock).
+    # drf-spectacular's generator is not thread-safe: a fresh process's first requests race.
     with asgi_web_server("test-schema-web") as url:
         with ThreadPoolExecutor(4) as pool:
             answers = list(
