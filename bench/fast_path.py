@@ -45,6 +45,7 @@ from bench.common import (
     pct,
     purge_queues,
     run_nonce,
+    shipped_runtime,
     wait_finished,
 )
 from bench.cpu import CpuMeter
@@ -329,6 +330,7 @@ def under_load(*, quick: bool) -> dict:
     from django.db.models import Count
     from processes import ProcessGroup, free_port
 
+    from inference.config.changes import config_recheck_s
     from inference.dispatch.queues import service_queues
     from inference.models import Job
 
@@ -345,29 +347,45 @@ def under_load(*, quick: bool) -> dict:
         poster = JsonPoster(url, key)
         poster.post("/api/v1/jobs", {"service": SERVICE, "input": {"texts": ["warm"]}})
         jobs = Job.objects.filter(service=service)
-        before = jobs.count()
-        started = time.time()
 
-        def rest(i: int) -> bool:
-            body = {"service": SERVICE, "input": {"texts": [f"rest {nonce} {i}"]}}
-            return poster.post("/api/v1/jobs", body)[0] == 202
+        def rest_clients(*, honour_retry_after: bool) -> dict:
+            before = jobs.count()
+            started = time.time()
 
-        submitted, refused, _ = _closed_loop(8, seconds, rest)
-        wait_finished(jobs, before + 1 + submitted, timeout_s=300)
-        # Done means succeeded: a job that outlived its queue_timeout is final too, but
-        # nobody got its embedding (the flood outruns the model, the backlog expires).
-        run_jobs = jobs.filter(created_at__gte=datetime.fromtimestamp(started, UTC))
-        statuses = dict(run_jobs.values_list("status").annotate(n=Count("id")))
-        last = run_jobs.filter(status="succeeded").order_by("-finished_at").first()
-        span_s = last.finished_at.timestamp() - started
-        rest_jobs_s = statuses.get("succeeded", 0) / span_s
-        results["rest_8_clients"] = {
-            "jobs": submitted,
-            "refused": refused,
-            "statuses": statuses,
-            "completed_jobs_s": round(rest_jobs_s, 1),
-            "vs_raw_batched": round(rest_jobs_s / raw, 3),
-        }
+            def rest(i: int) -> bool:
+                body = {"service": SERVICE, "input": {"texts": [f"rest {nonce} {i}"]}}
+                status, headers, _ = poster.post("/api/v1/jobs", body)
+                if status in (429, 503) and honour_retry_after:
+                    retry_after = {k.lower(): v for k, v in headers.items()}.get("retry-after")
+                    time.sleep(min(1.0, float(retry_after or 1)))
+                return status == 202
+
+            submitted, refused, _ = _closed_loop(8, seconds, rest)
+            wait_finished(jobs, before + submitted, timeout_s=300)
+            # Done means succeeded: a job that outlived its queue_timeout is final too, but
+            # nobody got its embedding (the flood outruns the model, the backlog expires).
+            run_jobs = jobs.filter(created_at__gte=datetime.fromtimestamp(started, UTC))
+            statuses = dict(run_jobs.values_list("status").annotate(n=Count("id")))
+            last = run_jobs.filter(status="succeeded").order_by("-finished_at").first()
+            succeeded_s = statuses.get("succeeded", 0) / (last.finished_at.timestamp() - started)
+            return {
+                "jobs": submitted,
+                "refused": refused,
+                "statuses": statuses,
+                "completed_jobs_s": round(succeeded_s, 1),
+                "vs_raw_batched": round(succeeded_s / raw, 3),
+            }
+
+        results["rest_8_clients"] = rest_clients(honour_retry_after=False)
+        # As config.yaml ships the queue (max_queue_size; only the rate limit lifted), with
+        # clients that wait out a 503's Retry-After as a well-behaved client does.
+        embedding_service(SERVICE, max_queue_size=shipped_runtime("embedding")["max_queue_size"])
+        time.sleep(config_recheck_s() + 0.5)  # every web process has read it
+        results["rest_8_clients_shipped_queue"] = rest_clients(honour_retry_after=True)
+        rest_jobs_s = max(
+            results[k]["completed_jobs_s"]
+            for k in ("rest_8_clients", "rest_8_clients_shipped_queue")
+        )
         # The same client as the REST clients' (a connection per thread), so that the two
         # figures compare the front doors, not the client libraries.
 
@@ -383,6 +401,7 @@ def under_load(*, quick: bool) -> dict:
             "p50_ms": round(pct(latencies, 50), 1),
             "p99_ms": round(pct(latencies, 99), 1),
             "total_timeout_ms": service.total_timeout * 1000,
+            # Against the better of the two REST runs.
             "vs_rest_8_clients": round(answered / seconds / rest_jobs_s, 3),
         }
     print(f"under load: {results}", flush=True)
@@ -606,14 +625,22 @@ def report_lines(r: dict) -> list[str]:
             "",
             "| clients | succeeded/s | vs raw batched | errors | p50 / p99 ms |",
             "|---|---:|---:|---:|---|",
-            f"| 8 REST, single-job POSTs (final statuses: {rest.get('statuses', '—')}) | "
-            f"{rest['completed_jobs_s']} | {rest['vs_raw_batched']} × (target ≥ 0.5) | "
-            f"{rest['refused']} | — |",
+            f"| 8 REST, single-job POSTs, queue lifted (final statuses: "
+            f"{rest.get('statuses', '—')}) | {rest['completed_jobs_s']} | "
+            f"{rest['vs_raw_batched']} × (target ≥ 0.5) | {rest['refused']} | — |",
+            *(
+                f"| 8 REST, single-job POSTs, config.yaml's max_queue_size, Retry-After waited "
+                f"out (final statuses: {shipped['statuses']}) | {shipped['completed_jobs_s']} | "
+                f"{shipped['vs_raw_batched']} × | {shipped['refused']} refused | — |"
+                for shipped in [u.get("rest_8_clients_shipped_queue")]
+                if shipped
+            ),
             f"| 16 keep-alive /v1/embeddings | {v1['answers_s']} | "
             f"{round(v1['answers_s'] / u['raw_batched_texts_s'], 3)} × | {v1['errors']} | "
             f"{v1['p50_ms']} / {v1['p99_ms']} (total_timeout {v1['total_timeout_ms']:.0f}) |",
             "",
-            f"16 /v1 clients against 8 REST clients: **{v1['vs_rest_8_clients']}×** (target ≥ 1).",
+            f"16 /v1 clients against 8 REST clients (the better REST run): "
+            f"**{v1['vs_rest_8_clients']}×** (target ≥ 1).",
         ]
     if "under_backlog" in r:
         b = r["under_backlog"]
