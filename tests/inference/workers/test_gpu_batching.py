@@ -40,6 +40,30 @@ def _publish(jobs):
         publish(job)
 
 
+_model_loaded = False
+
+
+@pytest.fixture(autouse=True)
+def _a_loaded_model(request):
+    """The session's worker loads the model at its first job, which takes seconds: a test
+    timing a window must not pay for it, whichever test runs first."""
+    global _model_loaded
+    if _model_loaded or "celery_worker_process" not in request.fixturenames:
+        return
+    make_tenant = request.getfixturevalue("make_tenant")
+    make_service = request.getfixturevalue("make_service")
+    tenant, _ = make_tenant()
+    service = make_service("embedding", batch_size=1)
+    (job,) = _jobs(tenant, service, 1)
+    _publish([job])
+    assert wait_for_job(job.pk, timeout_s=120).status == JobStatus.SUCCEEDED
+    _model_loaded = True
+    # The test makes its own service of the name the worker serves.
+    job.delete()
+    service.delete()
+    tenant.delete()
+
+
 def test_window_closes_at_batch_size_without_waiting_for_the_timeout(
     celery_worker_process, make_tenant, make_service
 ):
