@@ -356,8 +356,7 @@ def under_load(*, quick: bool) -> dict:
                 body = {"service": SERVICE, "input": {"texts": [f"rest {nonce} {i}"]}}
                 status, headers, _ = poster.post("/api/v1/jobs", body)
                 if status in (429, 503) and honour_retry_after:
-                    retry_after = {k.lower(): v for k, v in headers.items()}.get("retry-after")
-                    time.sleep(min(1.0, float(retry_after or 1)))
+                    time.sleep(min(1.0, float(headers.get("Retry-After", "1"))))
                 return status == 202
 
             submitted, refused, _ = _closed_loop(8, seconds, rest)
