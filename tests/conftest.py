@@ -156,8 +156,9 @@ def _fresh_process_caches():
     from inference.dispatch.broker import forget_consumer_counts
     from inference.dispatch.placement import forget_backlog_counts
     from inference.intake.lookups import forget_all
+    from inference.intake.overdue import forget_checks
 
-    for forget in (forget_all, forget_backlog_counts, forget_consumer_counts):
+    for forget in (forget_all, forget_backlog_counts, forget_consumer_counts, forget_checks):
         forget()
     yield
 

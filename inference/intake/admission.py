@@ -14,7 +14,10 @@ or refused whole):
   each other tenant's only up to `RENQ_TENANT_QUEUE_SHARE` of the queue, so no tenant's
   backlog (a flood, a bulk job's pieces) can fill the queue the others need. A bulk job is
   admitted by its own budget: its pieces count against the queue up to that share;
-- the tenant's `max_running_jobs` (queued + running): the same, under a per-tenant lock (429).
+- the tenant's `max_running_jobs` (queued + running): the same, under a per-tenant lock (429);
+- a realtime or api request whose tenant's line of that tier is overdue (its jobs are claimed
+  after more than half their queue_timeout, inference.intake.overdue): refused (503) rather
+  than accepted to expire in the queue.
 
 A transaction takes its capacity locks before its running-jobs lock, each kind in id order
 (`lock_key` orders them so): two submitters never wait on each other's locks in a circle.
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -33,6 +37,12 @@ from inference.dispatch.queue_position import (
     queue_allowance,
     retry_after_s,
     tenant_queue_share,
+)
+from inference.intake.overdue import (
+    OVERDUE_FRACTION,
+    OVERDUE_HOLD_MS,
+    lines_to_check,
+    remember,
 )
 from inference.jobs.tiers import Tier
 from inference.models import Service, Tenant
@@ -79,64 +89,104 @@ class CounterReservation:
         self.keys.clear()
 
 
-def _reserve(reservation: CounterReservation, key: str, amount: int, ttl_s: int) -> int:
-    pipe = shared_redis().pipeline()
-    pipe.incrby(key, amount)
-    pipe.expire(key, ttl_s)
-    count, _ = pipe.execute()
-    reservation.keys.append((key, amount))
-    return int(count)
-
-
 def reserve_counters(
-    tenant: Tenant, service: Service, *, jobs: int, tokens: int
+    tenant: Tenant,
+    service: Service,
+    *,
+    jobs: int,
+    tokens: int,
+    interactive_tiers: Sequence[str] = (),
 ) -> CounterReservation:
     """Count the request against the rate limits and the token budget; raise AdmissionRefused
-    (429, naming the quota, Retry-After when it frees up) when one is exceeded."""
-    reservation = CounterReservation()
+    (429, naming the quota, Retry-After when it frees up) when one is exceeded, or (503) when
+    the tenant's line of one of `interactive_tiers` (the request's realtime/api tiers for this
+    service) is overdue (inference.intake.overdue). One Redis round trip for all of them."""
     now = time.time()
+    counters: list[tuple[str, int, int, str]] = []  # key, amount, ttl s, quota
+    if service.rate_limit:
+        key = f"renq:admit:{service.name}:{tenant.pk}:{int(now)}"
+        counters.append((key, jobs, 2, "rate_limit"))
+    if tenant.requests_per_minute:
+        counters.append(
+            (f"renq:rpm:{tenant.pk}:{int(now // 60)}", jobs, 120, "requests_per_minute")
+        )
+    if tenant.monthly_token_budget:
+        month = datetime.fromtimestamp(now, UTC).strftime("%Y-%m")
+        counters.append(
+            (f"renq:tokens:{tenant.pk}:{month}", tokens, 32 * 86400, "monthly_token_budget")
+        )
+    overdue, lines = lines_to_check(service, tenant, interactive_tiers)
+    reservation = CounterReservation()
+    if not counters and not lines and not overdue:
+        return reservation
+    answers = []
+    if counters or lines:
+        pipe = shared_redis().pipeline(transaction=False)
+        for key, amount, ttl_s, _ in counters:
+            pipe.incrby(key, amount)
+            pipe.expire(key, ttl_s)
+        for key in lines:
+            pipe.exists(key)
+        answers = pipe.execute()
+    reservation.keys = [(key, amount) for key, amount, _, _ in counters]
     try:
-        if service.rate_limit:
-            second = int(now)
-            count = _reserve(
-                reservation, f"renq:admit:{service.name}:{tenant.pk}:{second}", jobs, 2
-            )
-            if count > service.rate_limit:
-                raise AdmissionRefused(
-                    429,
-                    "service",
-                    f"rate limit of {service.rate_limit} jobs/s for service '{service.name}' "
-                    f"exceeded.",
-                    retry_after_s=1,
-                    quota="rate_limit",
-                )
-        if tenant.requests_per_minute:
-            minute = int(now // 60)
-            count = _reserve(reservation, f"renq:rpm:{tenant.pk}:{minute}", jobs, 120)
-            if count > tenant.requests_per_minute:
-                raise AdmissionRefused(
-                    429,
-                    "tenant",
-                    f"quota requests_per_minute ({tenant.requests_per_minute}) exceeded.",
-                    retry_after_s=max(1, math.ceil(60 - now % 60)),
-                    quota="requests_per_minute",
-                )
-        if tenant.monthly_token_budget:
-            month = datetime.fromtimestamp(now, UTC).strftime("%Y-%m")
-            used = _reserve(reservation, f"renq:tokens:{tenant.pk}:{month}", tokens, 32 * 86400)
-            if used > tenant.monthly_token_budget:
-                raise AdmissionRefused(
-                    429,
-                    "tenant",
-                    f"quota monthly_token_budget ({tenant.monthly_token_budget} tokens) "
-                    f"exhausted for {month}.",
-                    retry_after_s=_seconds_to_next_month(now),
-                    quota="monthly_token_budget",
-                )
+        for i, (_, _, _, quota) in enumerate(counters):
+            refusal = _over_quota(quota, int(answers[2 * i]), tenant, service, now)
+            if refusal is not None:
+                raise refusal
+        if lines:
+            overdue = remember(lines, answers[2 * len(counters) :]) or overdue
+        if overdue:
+            raise _overdue_refusal(service)
     except AdmissionRefused:
         reservation.release()
         raise
     return reservation
+
+
+def _over_quota(
+    quota: str, count: int, tenant: Tenant, service: Service, now: float
+) -> AdmissionRefused | None:
+    if quota == "rate_limit" and count > service.rate_limit:
+        return AdmissionRefused(
+            429,
+            "service",
+            f"rate limit of {service.rate_limit} jobs/s for service '{service.name}' exceeded.",
+            retry_after_s=1,
+            quota=quota,
+        )
+    if quota == "requests_per_minute" and count > tenant.requests_per_minute:
+        return AdmissionRefused(
+            429,
+            "tenant",
+            f"quota requests_per_minute ({tenant.requests_per_minute}) exceeded.",
+            retry_after_s=max(1, math.ceil(60 - now % 60)),
+            quota=quota,
+        )
+    if quota == "monthly_token_budget" and count > tenant.monthly_token_budget:
+        month = datetime.fromtimestamp(now, UTC).strftime("%Y-%m")
+        return AdmissionRefused(
+            429,
+            "tenant",
+            f"quota monthly_token_budget ({tenant.monthly_token_budget} tokens) exhausted for "
+            f"{month}.",
+            retry_after_s=_seconds_to_next_month(now),
+            quota=quota,
+        )
+    return None
+
+
+def _overdue_refusal(service: Service) -> AdmissionRefused:
+    promise_s = min(service.queue_timeout, service.total_timeout)
+    return AdmissionRefused(
+        503,
+        "service",
+        f"your jobs of service '{service.name}' at this priority wait more than "
+        f"{OVERDUE_FRACTION * promise_s:g} s for a worker (queue_timeout {promise_s:g} s): new "
+        f"ones would expire in the queue; retry later.",
+        retry_after_s=max(1, math.ceil(OVERDUE_HOLD_MS / 1000)),
+        quota="queue_timeout",
+    )
 
 
 def _seconds_to_next_month(now: float) -> int:

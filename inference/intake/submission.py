@@ -287,6 +287,12 @@ def accept(
                     service,
                     jobs=len(indexes),
                     tokens=sum(requests[i].tokens for i in indexes),
+                    interactive_tiers=[
+                        requests[i].tier
+                        for i in indexes
+                        if i not in answers
+                        and promises_latency(requests[i].tier, requests[i].requested_tier or "")
+                    ],
                 )
             )
         created = [_new_job(tenant, requests[i], now, keys[i], digests[i]) for i in pending]

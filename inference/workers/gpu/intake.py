@@ -20,6 +20,7 @@ from inference.dispatch import fair_share
 from inference.dispatch.fair_share import Clock
 from inference.dispatch.publishing import dead_letter, holds_back, publish_many, release_held
 from inference.dispatch.queues import tier_queue
+from inference.intake.overdue import note_late_claims
 from inference.jobs.tiers import Tier
 from inference.jobs.transitions import Claim
 from inference.models import Job, Service
@@ -85,6 +86,7 @@ def note_claim(claim: Claim, report: BatchReport) -> None:
     """Count the jobs found past their deadline; dead-letter those whose workers were lost
     too many times."""
     report.expired += len(claim.expired)
+    note_late_claims([*claim.jobs, *claim.expired], timezone.now())
     if claim.dead_lettered:
         dead_letter(claim.dead_lettered, "its workers were lost too many times")
 

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import openai
 import pytest
 import requests
+from django.utils import timezone
 
-from inference.models import Job, JobStatus, Service
+from inference.intake.submission import submit_job
+from inference.models import Job, JobStatus, Service, Tenant
+from inference.workers.gpu.intake import note_claim
+from inference.workers.gpu.report import BatchReport
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -107,6 +113,20 @@ def test_rate_limit_is_429_with_retry_after(client, unserved):
     assert refused
     assert_openai_shape(refused[0], 429, "rate_limit_exceeded")
     assert int(refused[0].response.headers["Retry-After"]) >= 1
+
+
+def test_a_line_claimed_late_is_503_with_retry_after(client, unserved):
+    Service.objects.filter(name=unserved).update(queue_timeout=2.0)
+    tenant = Tenant.objects.get(name="oai-tenant")
+    job = submit_job(tenant=tenant, service_name=unserved, payload={"texts": ["hi"]})
+    Job.objects.filter(pk=job.pk).update(created_at=timezone.now() - timedelta(seconds=1.5))
+    note_claim(Job.objects.claim([job.pk], worker="test-worker"), BatchReport())
+
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.embeddings.create(model=unserved, input="hi")
+
+    assert_openai_shape(caught.value, 503, "queue_full")
+    assert caught.value.response.headers["Retry-After"] == "1"
 
 
 def test_no_result_by_the_deadline_is_504_with_the_job_id(client, unserved):

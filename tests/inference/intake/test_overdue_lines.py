@@ -1,0 +1,106 @@
+"""A tenant whose realtime or api jobs a worker claims after more than half their queue_timeout
+gets 503 with Retry-After for new jobs of that line, rather than 202 for jobs that would expire
+in the queue; other tenants, the tenant's other tiers, and the line itself once its jobs start
+in time again are accepted. Real Postgres and Redis; the claim is the worker's own
+(`note_claim` runs after every claim of a GPU worker)."""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+from rest_framework.test import APIClient
+
+from inference.intake import overdue
+from inference.models import Job
+from inference.workers.gpu.intake import note_claim
+from inference.workers.gpu.report import BatchReport
+
+pytestmark = pytest.mark.django_db
+
+QUEUE_TIMEOUT_S = 2.0
+
+
+@pytest.fixture
+def embedding(make_service):
+    return make_service("embedding", queue_timeout=QUEUE_TIMEOUT_S, total_timeout=5.0)
+
+
+def submit(client, priority: str = "api"):
+    body = {"service": "embedding", "priority": priority, "input": {"texts": ["hello"]}}
+    return client.post("/api/v1/jobs", body, format="json")
+
+
+def claimed_after(job_id: str, waited_s: float):
+    """A worker claims the job `waited_s` after it was accepted."""
+    Job.objects.filter(pk=job_id).update(created_at=timezone.now() - timedelta(seconds=waited_s))
+    claim = Job.objects.claim([job_id], worker="test-worker")
+    note_claim(claim, BatchReport())
+    return claim
+
+
+def client_of(make_tenant, name: str) -> APIClient:
+    _, key = make_tenant(name)
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    return client
+
+
+def test_a_late_claim_refuses_the_lines_new_jobs_with_503_and_retry_after(api, embedding):
+    first = submit(api).json()["id"]
+    assert claimed_after(first, 1.5).jobs  # claimed, in time, but late in its queue_timeout
+    stored = Job.objects.count()
+
+    response = submit(api)
+
+    assert response.status_code == 503, response.content
+    assert response["Retry-After"] == "1"
+    error = response.json()["error"]
+    assert error["quota"] == "queue_timeout"
+    assert "would expire in the queue" in error["fields"]["service"][0]
+    assert Job.objects.count() == stored  # nothing accepted, nothing to expire
+
+
+def test_a_claim_in_time_refuses_nothing(api, embedding):
+    first = submit(api).json()["id"]
+    claimed_after(first, 0.5)
+
+    assert submit(api).status_code == 202
+
+
+def test_an_expired_claim_refuses_the_line_too(api, embedding):
+    first = submit(api).json()["id"]
+    assert claimed_after(first, QUEUE_TIMEOUT_S + 1).expired
+
+    assert submit(api).status_code == 503
+
+
+def test_other_tenants_and_the_tenants_other_tiers_are_still_accepted(api, embedding, make_tenant):
+    first = submit(api).json()["id"]
+    claimed_after(first, 1.5)
+
+    assert submit(client_of(make_tenant, "quiet")).status_code == 202  # its own line is short
+    assert submit(api, "realtime").status_code == 202  # realtime is served ahead of api
+    assert submit(api, "batch").status_code == 202  # batch promises no start: never refused
+    assert submit(api).status_code == 503
+
+
+def test_batch_work_that_waited_long_marks_nothing(api, embedding):
+    first = submit(api, "batch").json()["id"]
+    claimed_after(first, 60)
+
+    assert submit(api, "batch").status_code == 202
+    assert submit(api).status_code == 202
+
+
+def test_the_line_is_accepted_again_once_no_claim_is_late(api, embedding, monkeypatch):
+    monkeypatch.setattr(overdue, "OVERDUE_HOLD_MS", 200)
+    first = submit(api).json()["id"]
+    claimed_after(first, 1.5)
+    assert submit(api).status_code == 503
+
+    time.sleep(0.3)  # no late claim renewed the mark
+
+    assert submit(api).status_code == 202
