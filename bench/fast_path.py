@@ -376,6 +376,9 @@ def under_load(*, quick: bool) -> dict:
             }
 
         results["rest_8_clients"] = rest_clients(honour_retry_after=False)
+        # The same with clients that wait out a 503's Retry-After (a tenant's line claimed
+        # late is refused, inference.intake.overdue), as renq_client and the SDKs do.
+        results["rest_8_clients_retry_after"] = rest_clients(honour_retry_after=True)
         # As config.yaml ships the queue (max_queue_size; only the rate limit lifted), with
         # clients that wait out a 503's Retry-After as a well-behaved client does.
         embedding_service(SERVICE, max_queue_size=shipped_runtime("embedding")["max_queue_size"])
@@ -383,7 +386,11 @@ def under_load(*, quick: bool) -> dict:
         results["rest_8_clients_shipped_queue"] = rest_clients(honour_retry_after=True)
         rest_jobs_s = max(
             results[k]["completed_jobs_s"]
-            for k in ("rest_8_clients", "rest_8_clients_shipped_queue")
+            for k in (
+                "rest_8_clients",
+                "rest_8_clients_retry_after",
+                "rest_8_clients_shipped_queue",
+            )
         )
         # The same client as the REST clients' (a connection per thread), so that the two
         # figures compare the front doors, not the client libraries.
@@ -400,7 +407,7 @@ def under_load(*, quick: bool) -> dict:
             "p50_ms": round(pct(latencies, 50), 1),
             "p99_ms": round(pct(latencies, 99), 1),
             "total_timeout_ms": service.total_timeout * 1000,
-            # Against the better of the two REST runs.
+            # Against the best of the REST runs.
             "vs_rest_8_clients": round(answered / seconds / rest_jobs_s, 3),
         }
     print(f"under load: {results}", flush=True)
@@ -624,9 +631,16 @@ def report_lines(r: dict) -> list[str]:
             "",
             "| clients | succeeded/s | vs raw batched | errors | p50 / p99 ms |",
             "|---|---:|---:|---:|---|",
-            f"| 8 REST, single-job POSTs, queue lifted (final statuses: "
-            f"{rest.get('statuses', '—')}) | {rest['completed_jobs_s']} | "
-            f"{rest['vs_raw_batched']} × (target ≥ 0.5) | {rest['refused']} | — |",
+            f"| 8 REST, single-job POSTs, queue lifted, refusals retried at once (final "
+            f"statuses: {rest.get('statuses', '—')}) | {rest['completed_jobs_s']} | "
+            f"{rest['vs_raw_batched']} × (target ≥ 0.5) | {rest['refused']} refused | — |",
+            *(
+                f"| 8 REST, single-job POSTs, queue lifted, Retry-After waited out (final "
+                f"statuses: {waited['statuses']}) | {waited['completed_jobs_s']} | "
+                f"{waited['vs_raw_batched']} × | {waited['refused']} refused | — |"
+                for waited in [u.get("rest_8_clients_retry_after")]
+                if waited
+            ),
             *(
                 f"| 8 REST, single-job POSTs, config.yaml's max_queue_size, Retry-After waited "
                 f"out (final statuses: {shipped['statuses']}) | {shipped['completed_jobs_s']} | "
@@ -638,7 +652,7 @@ def report_lines(r: dict) -> list[str]:
             f"{round(v1['answers_s'] / u['raw_batched_texts_s'], 3)} × | {v1['errors']} | "
             f"{v1['p50_ms']} / {v1['p99_ms']} (total_timeout {v1['total_timeout_ms']:.0f}) |",
             "",
-            f"16 /v1 clients against 8 REST clients (the better REST run): "
+            f"16 /v1 clients against 8 REST clients (the best REST run): "
             f"**{v1['vs_rest_8_clients']}×** (target ≥ 1).",
         ]
     if "under_backlog" in r:
