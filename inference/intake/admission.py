@@ -15,9 +15,9 @@ or refused whole):
   backlog (a flood, a bulk job's pieces) can fill the queue the others need. A bulk job is
   admitted by its own budget: its pieces count against the queue up to that share;
 - the tenant's `max_running_jobs` (queued + running): the same, under a per-tenant lock (429);
-- a realtime or api request whose tenant's line of that tier is overdue (its jobs are claimed
-  after more than half their queue_timeout, inference.intake.overdue): refused (503) rather
-  than accepted to expire in the queue.
+- a realtime or api job bound for the local workers whose tenant's line of that tier is
+  overdue (claimed after more than half their queue_timeout with more queued behind,
+  inference.intake.overdue): refused (503) rather than accepted to expire in the queue.
 
 A transaction takes its capacity locks before its running-jobs lock, each kind in id order
 (`lock_key` orders them so): two submitters never wait on each other's locks in a circle.
@@ -38,14 +38,9 @@ from inference.dispatch.queue_position import (
     retry_after_s,
     tenant_queue_share,
 )
-from inference.intake.overdue import (
-    OVERDUE_FRACTION,
-    OVERDUE_HOLD_MS,
-    lines_to_check,
-    remember,
-)
+from inference.intake.overdue import OVERDUE_FRACTION, OVERDUE_HOLD_MS, overdue_service
 from inference.jobs.tiers import Tier
-from inference.models import Service, Tenant
+from inference.models import Job, Service, Tenant
 from renq_site.shared_redis import shared_redis
 
 # Advisory-lock namespaces of the per-service queue-capacity check and the per-tenant
@@ -95,12 +90,10 @@ def reserve_counters(
     *,
     jobs: int,
     tokens: int,
-    interactive_tiers: Sequence[str] = (),
 ) -> CounterReservation:
     """Count the request against the rate limits and the token budget; raise AdmissionRefused
-    (429, naming the quota, Retry-After when it frees up) when one is exceeded, or (503) when
-    the tenant's line of one of `interactive_tiers` (the request's realtime/api tiers for this
-    service) is overdue (inference.intake.overdue). One Redis round trip for all of them."""
+    (429, naming the quota, Retry-After when it frees up) when one is exceeded. One Redis round
+    trip for all of them."""
     now = time.time()
     counters: list[tuple[str, int, int, str]] = []  # key, amount, ttl s, quota
     if service.rate_limit:
@@ -115,29 +108,20 @@ def reserve_counters(
         counters.append(
             (f"renq:tokens:{tenant.pk}:{month}", tokens, 32 * 86400, "monthly_token_budget")
         )
-    overdue, lines = lines_to_check(service, tenant, interactive_tiers)
     reservation = CounterReservation()
-    if not counters and not lines and not overdue:
+    if not counters:
         return reservation
-    answers = []
-    if counters or lines:
-        pipe = shared_redis().pipeline(transaction=False)
-        for key, amount, ttl_s, _ in counters:
-            pipe.incrby(key, amount)
-            pipe.expire(key, ttl_s)
-        for key in lines:
-            pipe.exists(key)
-        answers = pipe.execute()
+    pipe = shared_redis().pipeline(transaction=False)
+    for key, amount, ttl_s, _ in counters:
+        pipe.incrby(key, amount)
+        pipe.expire(key, ttl_s)
+    answers = pipe.execute()
     reservation.keys = [(key, amount) for key, amount, _, _ in counters]
     try:
         for i, (_, _, _, quota) in enumerate(counters):
             refusal = _over_quota(quota, int(answers[2 * i]), tenant, service, now)
             if refusal is not None:
                 raise refusal
-        if lines:
-            overdue = remember(lines, answers[2 * len(counters) :]) or overdue
-        if overdue:
-            raise _overdue_refusal(service)
     except AdmissionRefused:
         reservation.release()
         raise
@@ -174,6 +158,14 @@ def _over_quota(
             quota=quota,
         )
     return None
+
+
+def refuse_overdue_lines(tenant: Tenant, jobs: Sequence[Job]) -> None:
+    """Raise AdmissionRefused (503) when the tenant's line of one of these new jobs is overdue
+    (inference.intake.overdue): pass the realtime/api jobs bound for the local workers."""
+    service = overdue_service(tenant, jobs)
+    if service is not None:
+        raise _overdue_refusal(service)
 
 
 def _overdue_refusal(service: Service) -> AdmissionRefused:

@@ -1,20 +1,23 @@
-"""Overdue lines: a tenant's interactive work that waits so long for a worker that new work of
-the same line would expire in the queue.
+"""Overdue lines: a tenant's interactive work that waits so long for the local workers that new
+work of the same line would expire in the queue.
 
 A realtime or api job promises to start within its service's queue_timeout (or total_timeout,
-if shorter) and expires otherwise. When the workers claim a tenant's jobs of one tier after
-more than OVERDUE_FRACTION of that wait, the line (service, tenant, tier) is marked overdue in
-Redis for OVERDUE_HOLD_MS, and admission refuses the tenant's new jobs of that line with a 503
-and Retry-After instead of accepting them to expire: an expired job cost the web, PostgreSQL
-and a claim as much as one that ran, on the machine the model needs, and its client learns
-nothing until it looks. The mark is renewed by every late claim, so it holds while the line's
-backlog is long and lapses once its jobs start in time again.
+if shorter) and expires otherwise. When a GPU worker claims a tenant's jobs of one tier after
+more than OVERDUE_FRACTION of that wait, and more of that line are still queued behind them,
+the line (service, tenant, tier) is marked overdue in Redis for OVERDUE_HOLD_MS, and admission
+refuses the tenant's new jobs of that line bound for the local workers with a 503 and
+Retry-After instead of accepting them to expire: an expired job cost the web, PostgreSQL and a
+claim as much as one that ran, on the machine the model needs, and its client learns nothing
+until it looks. Every late claim with a backlog behind it renews the mark, so it holds while
+the line is long and lapses once its jobs start in time again; one job that waited alone (a
+worker starting up) marks nothing.
 
 By tenant and tier, as the workers serve them: a flooding tenant's line waits, while another
 tenant's jobs take their fair turns and start in time, so that tenant is not refused; batch and
-offline work promise no start and are never refused here. Measured at the claim, not predicted
-from a count: the wait already includes whatever the tenant's jobs wait behind (realtime work,
-other tenants' turns, fewer workers than configured).
+offline work promise no start and are never refused here, and a job the router sends to a cloud
+backend does not wait for the local workers. Measured at the claim, not predicted from a count:
+the wait already includes whatever the tenant's jobs wait behind (realtime work, other tenants'
+turns, fewer workers than configured).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from datetime import datetime
 import redis
 
 from inference.jobs.tiers import promises_latency
-from inference.models import Job, Service, Tenant
+from inference.models import Job, JobStatus, Service, Tenant
 from renq_site.shared_redis import shared_redis
 
 logger = logging.getLogger(__name__)
@@ -61,13 +64,20 @@ def waited_too_long(job: Job, now: datetime) -> bool:
 
 
 def note_late_claims(jobs: Iterable[Job], now: datetime) -> None:
-    """Mark the lines of the claimed (or expired at their claim) jobs that waited too long.
-    Best effort: without Redis the line is simply not refused."""
-    keys = {
-        overdue_key(job.service_id, job.tenant_id, job.tier)
-        for job in jobs
-        if waited_too_long(job, now)
-    }
+    """Mark the lines whose claimed (or expired at their claim) jobs waited too long and still
+    have jobs queued behind them. Best effort: without Redis the line is simply not refused."""
+    newest: dict[tuple[int, int, str], datetime] = {}
+    for job in jobs:
+        if waited_too_long(job, now):
+            line = (job.service_id, job.tenant_id, job.tier)
+            newest[line] = max(job.created_at, newest.get(line, job.created_at))
+    if not newest:
+        return
+    keys = [
+        overdue_key(*line)
+        for line, created_at in newest.items()
+        if _queued_behind(*line, created_at)
+    ]
     if not keys:
         return
     for key in keys:
@@ -81,30 +91,43 @@ def note_late_claims(jobs: Iterable[Job], now: datetime) -> None:
         logger.debug("could not mark %d overdue lines", len(keys), exc_info=True)
 
 
-def lines_to_check(
-    service: Service, tenant: Tenant, tiers: Sequence[str]
-) -> tuple[bool, list[str]]:
-    """For a request's jobs of `service` in `tiers` (their served tiers, the interactive ones
-    only): whether a line this process checked lately was overdue, and the marks to ask Redis
-    about (pass their EXISTS answers to `remember`)."""
+def _queued_behind(service_id: int, tenant_id: int, tier: str, created_at: datetime) -> bool:
+    return Job.objects.filter(
+        service_id=service_id,
+        status=JobStatus.QUEUED,
+        tenant_id=tenant_id,
+        tier=tier,
+        created_at__gt=created_at,
+    ).exists()
+
+
+def overdue_service(tenant: Tenant, jobs: Sequence[Job]) -> Service | None:
+    """The service of one of these new jobs whose line (its service, `tenant`, its tier) is
+    overdue, or None. A line this process asked Redis about in the last CHECK_REUSE_S is not
+    asked again; without Redis no line is overdue."""
+    lines = {overdue_key(job.service_id, tenant.pk, job.tier): job.service for job in jobs}
     now = time.monotonic()
-    overdue, ask = False, []
-    for tier in dict.fromkeys(tiers):
-        key = overdue_key(service.pk, tenant.pk, tier)
+    ask = []
+    for key, service in lines.items():
         checked = _checked.get(key)
-        if checked is not None and checked[0] > now:
-            overdue = overdue or checked[1]
-        else:
+        if checked is None or checked[0] <= now:
             ask.append(key)
-    return overdue, ask
-
-
-def remember(keys: Sequence[str], answers: Sequence[int]) -> bool:
-    """Keep Redis's EXISTS answers for `keys` for CHECK_REUSE_S; whether any line is overdue."""
+        elif checked[1]:
+            return service
+    if not ask:
+        return None
+    pipe = shared_redis().pipeline(transaction=False)
+    for key in ask:
+        pipe.exists(key)
+    try:
+        answers = pipe.execute()
+    except redis.RedisError:
+        logger.debug("could not read overdue marks", exc_info=True)
+        return None
     until = time.monotonic() + CHECK_REUSE_S
-    for key, exists in zip(keys, answers, strict=True):
-        _checked[key] = (until, bool(exists))
-    return any(answers)
+    for key, found in zip(ask, answers, strict=True):
+        _checked[key] = (until, bool(found))
+    return next((lines[key] for key, found in zip(ask, answers, strict=True) if found), None)
 
 
 def forget_checks() -> None:

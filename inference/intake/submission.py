@@ -27,11 +27,17 @@ from django.utils import timezone
 
 from inference.dispatch.head_start import offer_head_start
 from inference.dispatch.placement import check_servable, routes_on_submit, token_estimate
-from inference.dispatch.publishing import publish_many, publish_many_on_commit
+from inference.dispatch.publishing import (
+    RUN_JOB_TASK,
+    destination,
+    publish_many,
+    publish_many_on_commit,
+)
 from inference.intake.admission import (
     CounterReservation,
     QueueCapacityCheck,
     RunningJobsCheck,
+    refuse_overdue_lines,
     reserve_counters,
 )
 from inference.intake.audit import receipts, record_event
@@ -287,12 +293,6 @@ def accept(
                     service,
                     jobs=len(indexes),
                     tokens=sum(requests[i].tokens for i in indexes),
-                    interactive_tiers=[
-                        requests[i].tier
-                        for i in indexes
-                        if i not in answers
-                        and promises_latency(requests[i].tier, requests[i].requested_tier or "")
-                    ],
                 )
             )
         created = [_new_job(tenant, requests[i], now, keys[i], digests[i]) for i in pending]
@@ -301,6 +301,15 @@ def accept(
             for i, hit in answers.items()
         }
         routes = routes_on_submit(created)
+        refuse_overdue_lines(
+            tenant,
+            [
+                job
+                for job in created
+                if promises_latency(job.tier, job.requested_tier)
+                and destination(job).task == RUN_JOB_TASK
+            ],
+        )
         receipt_rows = receipts(created, actor=actor)
         queued_by_service: dict[int, list[int]] = defaultdict(list)
         for i in pending:

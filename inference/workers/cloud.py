@@ -12,7 +12,6 @@ import logging
 from django.utils import timezone
 
 from inference.dispatch.settlement import Attempt, settle_attempts
-from inference.intake.overdue import note_late_claims
 from inference.jobs.kinds import kind_of
 from inference.jobs.transitions import Outcome
 from inference.metrics.log_fields import job_fields
@@ -36,7 +35,6 @@ def _attempt(job_id: str, backend_id: int, *, redelivered: bool) -> dict:
     claim = Job.objects.claim(
         [job_id], redelivered_ids=[job_id] if redelivered else [], worker=worker
     )
-    note_late_claims([*claim.jobs, *claim.expired], timezone.now())
     if not claim.jobs:
         return {"claimed": False, "expired": len(claim.expired)}
     job = claim.jobs[0]

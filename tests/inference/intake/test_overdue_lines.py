@@ -1,8 +1,9 @@
-"""A tenant whose realtime or api jobs a worker claims after more than half their queue_timeout
-gets 503 with Retry-After for new jobs of that line, rather than 202 for jobs that would expire
-in the queue; other tenants, the tenant's other tiers, and the line itself once its jobs start
-in time again are accepted. Real Postgres and Redis; the claim is the worker's own
-(`note_claim` runs after every claim of a GPU worker)."""
+"""A tenant whose realtime or api jobs a GPU worker claims after more than half their
+queue_timeout, with more of them still queued behind, gets 503 with Retry-After for new jobs of
+that line, rather than 202 for jobs that would expire in the queue; other tenants, the tenant's
+other tiers, jobs the router sends to a cloud backend, and the line itself once its jobs start
+in time again are accepted. Real Postgres and Redis; the claim is the worker's own (`note_claim`
+runs after every claim of a GPU worker)."""
 
 from __future__ import annotations
 
@@ -48,9 +49,16 @@ def client_of(make_tenant, name: str) -> APIClient:
     return client
 
 
+def late_with_a_backlog(client, priority: str = "api", waited_s: float = 1.5):
+    """The line's first job is claimed `waited_s` after it was accepted, a second still queued
+    behind it."""
+    first = submit(client, priority).json()["id"]
+    assert submit(client, priority).status_code == 202
+    return claimed_after(first, waited_s)
+
+
 def test_a_late_claim_refuses_the_lines_new_jobs_with_503_and_retry_after(api, embedding):
-    first = submit(api).json()["id"]
-    assert claimed_after(first, 1.5).jobs  # claimed, in time, but late in its queue_timeout
+    assert late_with_a_backlog(api).jobs  # claimed in time, but late in its queue_timeout
     stored = Job.objects.count()
 
     response = submit(api)
@@ -64,22 +72,27 @@ def test_a_late_claim_refuses_the_lines_new_jobs_with_503_and_retry_after(api, e
 
 
 def test_a_claim_in_time_refuses_nothing(api, embedding):
+    late_with_a_backlog(api, waited_s=0.5)
+
+    assert submit(api).status_code == 202
+
+
+def test_a_job_that_waited_alone_refuses_nothing(api, embedding):
+    # A worker starting up claims the first job late; nothing waits behind it.
     first = submit(api).json()["id"]
-    claimed_after(first, 0.5)
+    claimed_after(first, 1.5)
 
     assert submit(api).status_code == 202
 
 
 def test_an_expired_claim_refuses_the_line_too(api, embedding):
-    first = submit(api).json()["id"]
-    assert claimed_after(first, QUEUE_TIMEOUT_S + 1).expired
+    assert late_with_a_backlog(api, waited_s=QUEUE_TIMEOUT_S + 1).expired
 
     assert submit(api).status_code == 503
 
 
 def test_other_tenants_and_the_tenants_other_tiers_are_still_accepted(api, embedding, make_tenant):
-    first = submit(api).json()["id"]
-    claimed_after(first, 1.5)
+    late_with_a_backlog(api)
 
     assert submit(client_of(make_tenant, "quiet")).status_code == 202  # its own line is short
     assert submit(api, "realtime").status_code == 202  # realtime is served ahead of api
@@ -87,9 +100,20 @@ def test_other_tenants_and_the_tenants_other_tiers_are_still_accepted(api, embed
     assert submit(api).status_code == 503
 
 
+def test_jobs_the_router_sends_to_a_cloud_backend_are_accepted(
+    api, embedding, make_backend, make_route
+):
+    late_with_a_backlog(api)
+    make_route(embedding, (make_backend("cloud-embedding"), 0))  # new jobs go to the cloud
+
+    response = submit(api)
+
+    assert response.status_code == 202, response.content
+    assert response.json()["backend"] == "cloud-embedding"
+
+
 def test_batch_work_that_waited_long_marks_nothing(api, embedding):
-    first = submit(api, "batch").json()["id"]
-    claimed_after(first, 60)
+    late_with_a_backlog(api, "batch", waited_s=60)
 
     assert submit(api, "batch").status_code == 202
     assert submit(api).status_code == 202
@@ -97,8 +121,7 @@ def test_batch_work_that_waited_long_marks_nothing(api, embedding):
 
 def test_the_line_is_accepted_again_once_no_claim_is_late(api, embedding, monkeypatch):
     monkeypatch.setattr(overdue, "OVERDUE_HOLD_MS", 200)
-    first = submit(api).json()["id"]
-    claimed_after(first, 1.5)
+    late_with_a_backlog(api)
     assert submit(api).status_code == 503
 
     time.sleep(0.3)  # no late claim renewed the mark
