@@ -16,8 +16,8 @@ or refused whole):
   admitted by its own budget: its pieces count against the queue up to that share;
 - the tenant's `max_running_jobs` (queued + running): the same, under a per-tenant lock (429);
 - a realtime or api job bound for the local workers whose tenant's line of that tier is
-  overdue (claimed after more than half their queue_timeout with more queued behind,
-  inference.intake.overdue): refused (503) rather than accepted to expire in the queue.
+  overdue (claimed after more than half their queue_timeout while more of them still wait
+  as long, inference.intake.overdue): refused (503) rather than accepted to expire in the queue.
 
 A transaction takes its capacity locks before its running-jobs lock, each kind in id order
 (`lock_key` orders them so): two submitters never wait on each other's locks in a circle.

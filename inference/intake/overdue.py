@@ -3,14 +3,14 @@ work of the same line would expire in the queue.
 
 A realtime or api job promises to start within its service's queue_timeout (or total_timeout,
 if shorter) and expires otherwise. When a GPU worker claims a tenant's jobs of one tier after
-more than OVERDUE_FRACTION of that wait, and more of that line are still queued behind them,
-the line (service, tenant, tier) is marked overdue in Redis for OVERDUE_HOLD_MS, and admission
-refuses the tenant's new jobs of that line bound for the local workers with a 503 and
-Retry-After instead of accepting them to expire: an expired job cost the web, PostgreSQL and a
-claim as much as one that ran, on the machine the model needs, and its client learns nothing
-until it looks. Every late claim with a backlog behind it renews the mark, so it holds while
-the line is long and lapses once its jobs start in time again; one job that waited alone (a
-worker starting up) marks nothing.
+more than OVERDUE_FRACTION of that wait, and more of that line still queued have waited as
+long, the line (service, tenant, tier) is marked overdue in Redis for OVERDUE_HOLD_MS, and
+admission refuses the tenant's new jobs of that line bound for the local workers with a 503
+and Retry-After instead of accepting them to expire: an expired job cost the web, PostgreSQL
+and a claim as much as one that ran, on the machine the model needs, and its client learns
+nothing until it looks. Every such claim renews the mark, so it holds while the line is long
+and lapses once its jobs start in time again; one job that waited alone (a worker starting
+up, a message left by a stopped worker) marks nothing.
 
 By tenant and tier, as the workers serve them: a flooding tenant's line waits, while another
 tenant's jobs take their fair turns and start in time, so that tenant is not refused; batch and
@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import redis
 
@@ -58,25 +58,23 @@ def waited_too_long(job: Job, now: datetime) -> bool:
     that promise none never do)."""
     if not promises_latency(job.tier, job.requested_tier):
         return False
-    service = job.service
-    promise_s = min(service.queue_timeout, service.total_timeout)
-    return (now - job.created_at).total_seconds() > OVERDUE_FRACTION * promise_s
+    return (now - job.created_at).total_seconds() > OVERDUE_FRACTION * _promise_s(job.service)
 
 
 def note_late_claims(jobs: Iterable[Job], now: datetime) -> None:
-    """Mark the lines whose claimed (or expired at their claim) jobs waited too long and still
-    have jobs queued behind them. Best effort: without Redis the line is simply not refused."""
-    newest: dict[tuple[int, int, str], datetime] = {}
-    for job in jobs:
-        if waited_too_long(job, now):
-            line = (job.service_id, job.tenant_id, job.tier)
-            newest[line] = max(job.created_at, newest.get(line, job.created_at))
-    if not newest:
+    """Mark the lines whose claimed (or expired at their claim) jobs waited too long while more
+    of the line, still queued, have waited too long as well. Best effort: without Redis the
+    line is simply not refused."""
+    lines = {(job.service_id, job.tenant_id, job.tier) for job in jobs if waited_too_long(job, now)}
+    if not lines:
         return
+    promise_s = {job.service_id: _promise_s(job.service) for job in jobs}
     keys = [
         overdue_key(*line)
-        for line, created_at in newest.items()
-        if _queued_behind(*line, created_at)
+        for line in lines
+        if _still_waiting_since(
+            *line, now - timedelta(seconds=OVERDUE_FRACTION * promise_s[line[0]])
+        )
     ]
     if not keys:
         return
@@ -91,13 +89,19 @@ def note_late_claims(jobs: Iterable[Job], now: datetime) -> None:
         logger.debug("could not mark %d overdue lines", len(keys), exc_info=True)
 
 
-def _queued_behind(service_id: int, tenant_id: int, tier: str, created_at: datetime) -> bool:
+def _promise_s(service: Service) -> float:
+    return min(service.queue_timeout, service.total_timeout)
+
+
+def _still_waiting_since(service_id: int, tenant_id: int, tier: str, since: datetime) -> bool:
+    """Whether one of the line's queued jobs was accepted before `since`: the line is long, not
+    one job that waited alone (a worker starting up, a message left from a stopped one)."""
     return Job.objects.filter(
         service_id=service_id,
         status=JobStatus.QUEUED,
         tenant_id=tenant_id,
         tier=tier,
-        created_at__gt=created_at,
+        created_at__lt=since,
     ).exists()
 
 

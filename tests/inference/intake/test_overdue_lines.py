@@ -34,9 +34,13 @@ def submit(client, priority: str = "api"):
     return client.post("/api/v1/jobs", body, format="json")
 
 
+def accepted_ago(job_id: str, seconds: float) -> None:
+    Job.objects.filter(pk=job_id).update(created_at=timezone.now() - timedelta(seconds=seconds))
+
+
 def claimed_after(job_id: str, waited_s: float):
     """A worker claims the job `waited_s` after it was accepted."""
-    Job.objects.filter(pk=job_id).update(created_at=timezone.now() - timedelta(seconds=waited_s))
+    accepted_ago(job_id, waited_s)
     claim = Job.objects.claim([job_id], worker="test-worker")
     note_claim(claim, BatchReport())
     return claim
@@ -50,10 +54,11 @@ def client_of(make_tenant, name: str) -> APIClient:
 
 
 def late_with_a_backlog(client, priority: str = "api", waited_s: float = 1.5):
-    """The line's first job is claimed `waited_s` after it was accepted, a second still queued
-    behind it."""
+    """The line's first job is claimed `waited_s` after it was accepted, a second accepted
+    just after it still queued."""
     first = submit(client, priority).json()["id"]
-    assert submit(client, priority).status_code == 202
+    second = submit(client, priority).json()["id"]
+    accepted_ago(second, waited_s - 0.01)
     return claimed_after(first, waited_s)
 
 
@@ -81,6 +86,15 @@ def test_a_job_that_waited_alone_refuses_nothing(api, embedding):
     # A worker starting up claims the first job late; nothing waits behind it.
     first = submit(api).json()["id"]
     claimed_after(first, 1.5)
+
+    assert submit(api).status_code == 202
+
+
+def test_a_late_job_with_only_fresh_jobs_behind_refuses_nothing(api, embedding):
+    # A message left by a stopped worker, claimed late by the next one: the line is short.
+    first = submit(api).json()["id"]
+    assert submit(api).status_code == 202
+    claimed_after(first, QUEUE_TIMEOUT_S + 1)
 
     assert submit(api).status_code == 202
 

@@ -119,8 +119,10 @@ def test_a_line_claimed_late_is_503_with_retry_after(client, unserved):
     Service.objects.filter(name=unserved).update(queue_timeout=2.0)
     tenant = Tenant.objects.get(name="oai-tenant")
     job = submit_job(tenant=tenant, service_name=unserved, payload={"texts": ["hi"]})
-    submit_job(tenant=tenant, service_name=unserved, payload={"texts": ["behind"]})
-    Job.objects.filter(pk=job.pk).update(created_at=timezone.now() - timedelta(seconds=1.5))
+    behind = submit_job(tenant=tenant, service_name=unserved, payload={"texts": ["behind"]})
+    Job.objects.filter(pk__in=[job.pk, behind.pk]).update(
+        created_at=timezone.now() - timedelta(seconds=1.5)
+    )
     note_claim(Job.objects.claim([job.pk], worker="test-worker"), BatchReport())
 
     with pytest.raises(openai.APIStatusError) as caught:
