@@ -60,7 +60,8 @@ ERROR_RESPONSES = {
         413: "Request body too large.",
         415: "The body is not JSON (send Content-Type: application/json).",
         429: "Rate limit or quota exceeded, or too many failed API keys (Retry-After).",
-        503: "Queue full or a dependency unavailable (Retry-After).",
+        503: "Queue full, your realtime/api jobs of the service waiting over half its "
+        "queue_timeout, or a dependency unavailable (Retry-After).",
     }.items()
 }
 # What any authenticated request can get whatever it asks: no or a bad key, too many bad keys

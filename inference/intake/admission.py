@@ -38,7 +38,12 @@ from inference.dispatch.queue_position import (
     retry_after_s,
     tenant_queue_share,
 )
-from inference.intake.overdue import OVERDUE_FRACTION, OVERDUE_HOLD_MS, overdue_service
+from inference.intake.overdue import (
+    OVERDUE_FRACTION,
+    OVERDUE_HOLD_MS,
+    latency_promise_s,
+    overdue_service,
+)
 from inference.jobs.tiers import Tier
 from inference.models import Job, Service, Tenant
 from renq_site.shared_redis import shared_redis
@@ -85,11 +90,7 @@ class CounterReservation:
 
 
 def reserve_counters(
-    tenant: Tenant,
-    service: Service,
-    *,
-    jobs: int,
-    tokens: int,
+    tenant: Tenant, service: Service, *, jobs: int, tokens: int
 ) -> CounterReservation:
     """Count the request against the rate limits and the token budget; raise AdmissionRefused
     (429, naming the quota, Retry-After when it frees up) when one is exceeded. One Redis round
@@ -169,7 +170,7 @@ def refuse_overdue_lines(tenant: Tenant, jobs: Sequence[Job]) -> None:
 
 
 def _overdue_refusal(service: Service) -> AdmissionRefused:
-    promise_s = min(service.queue_timeout, service.total_timeout)
+    promise_s = latency_promise_s(service)
     return AdmissionRefused(
         503,
         "service",

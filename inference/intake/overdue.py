@@ -28,6 +28,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 
 import redis
+from django.db import DatabaseError, InterfaceError
 
 from inference.jobs.tiers import promises_latency
 from inference.models import Job, JobStatus, Service, Tenant
@@ -58,38 +59,44 @@ def waited_too_long(job: Job, now: datetime) -> bool:
     that promise none never do)."""
     if not promises_latency(job.tier, job.requested_tier):
         return False
-    return (now - job.created_at).total_seconds() > OVERDUE_FRACTION * _promise_s(job.service)
+    return now - job.created_at > _late_after(job.service)
 
 
 def note_late_claims(jobs: Iterable[Job], now: datetime) -> None:
     """Mark the lines whose claimed (or expired at their claim) jobs waited too long while more
-    of the line, still queued, have waited too long as well. Best effort: without Redis the
-    line is simply not refused."""
-    lines = {(job.service_id, job.tenant_id, job.tier) for job in jobs if waited_too_long(job, now)}
-    if not lines:
+    of the line, still queued, have waited too long as well. Best effort: without Redis or
+    PostgreSQL the line is simply not refused, and the claim goes on."""
+    late: dict[tuple[int, int, str], Service] = {
+        (job.service_id, job.tenant_id, job.tier): job.service
+        for job in jobs
+        if waited_too_long(job, now)
+    }
+    if not late:
         return
-    promise_s = {job.service_id: _promise_s(job.service) for job in jobs}
-    keys = [
-        overdue_key(*line)
-        for line in lines
-        if _still_waiting_since(
-            *line, now - timedelta(seconds=OVERDUE_FRACTION * promise_s[line[0]])
-        )
-    ]
-    if not keys:
-        return
-    for key in keys:
-        _checked.pop(key, None)  # this process sees its own mark at once
-    pipe = shared_redis().pipeline(transaction=False)
-    for key in keys:
-        pipe.set(key, 1, px=OVERDUE_HOLD_MS)
     try:
+        keys = [
+            overdue_key(*line)
+            for line, service in late.items()
+            if _still_waiting_since(*line, now - _late_after(service))
+        ]
+        if not keys:
+            return
+        for key in keys:
+            _checked.pop(key, None)  # this process sees its own mark at once
+        pipe = shared_redis().pipeline(transaction=False)
+        for key in keys:
+            pipe.set(key, 1, px=OVERDUE_HOLD_MS)
         pipe.execute()
-    except redis.RedisError:
-        logger.debug("could not mark %d overdue lines", len(keys), exc_info=True)
+    except (DatabaseError, InterfaceError, redis.RedisError):
+        logger.debug("could not mark overdue lines", exc_info=True)
 
 
-def _promise_s(service: Service) -> float:
+def _late_after(service: Service) -> timedelta:
+    return timedelta(seconds=OVERDUE_FRACTION * latency_promise_s(service))
+
+
+def latency_promise_s(service: Service) -> float:
+    """How long after its acceptance an interactive job of the service must start."""
     return min(service.queue_timeout, service.total_timeout)
 
 

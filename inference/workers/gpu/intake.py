@@ -83,8 +83,8 @@ def _release_soon(
 
 
 def note_claim(claim: Claim, report: BatchReport) -> None:
-    """Count the jobs found past their deadline; dead-letter those whose workers were lost
-    too many times."""
+    """Count the jobs found past their deadline; mark the lines claimed late
+    (inference.intake.overdue); dead-letter those whose workers were lost too many times."""
     report.expired += len(claim.expired)
     note_late_claims([*claim.jobs, *claim.expired], timezone.now())
     if claim.dead_lettered:
