@@ -470,10 +470,11 @@ def test_a_batch_is_pulled_with_one_broker_ask_per_message_not_two(make_tenant, 
 def test_a_window_waiting_for_company_asks_idle_tiers_once_and_realtime_at_every_poll(
     make_tenant, make_service
 ):
-    # One api job and a window that waits 0.2 s for company: the batch and offline queues,
+    # One api job and a window that waits 1 s for company: the batch and offline queues,
     # empty and with no job in the window, are asked once; realtime and api (where company
-    # comes from) at every poll. Empty asks outnumbered messages under single-job load.
-    service = make_service("noop", name="quiet-tiers", batch_size=10, batch_timeout=0.2)
+    # comes from) at every poll. Empty asks outnumbered messages under single-job load. The
+    # window counts from the job's creation, so the set-up before the form must not use it up.
+    service = make_service("noop", name="quiet-tiers", batch_size=10, batch_timeout=1.0)
     tenant, _ = make_tenant()
     job = Job.objects.create(tenant=tenant, service=service, tier="api", input={"texts": ["x"]})
     batch, asks = _form_one_batch_counting_asks(service, [job])
