@@ -10,12 +10,14 @@ mean job, kept beside the clock (one sized by each tenant's own jobs favoured la
 
 RabbitMQ serves a priority queue highest level first and in arrival order within a level, and
 a message's level is fixed once it is out. So a submission to a worker tier queue below
-realtime whose start lies a quantum or more beyond V is held back: its jobs wait in Postgres
-with their start tag, and workers release the held start tags a few quanta at a time as V
-nears them (publishing.release_held), two levels under the top. What RabbitMQ holds there lies
-within a few quanta of start tags, where arrival order is close to start-tag order. A
-submission that starts within a quantum of V goes one level under the top, ahead of the
-released work: among it, it would wait for all of it, up to the few quanta released. A
+realtime whose start lies HOLD_AT quanta or more beyond V, or beyond work already held, is
+held back: its jobs wait in Postgres with their start tag, and workers release the held start
+tags a few quanta at a time as V nears them (publishing.release_held), two levels under the
+top. What RabbitMQ holds there lies within a few quanta of start tags, where arrival order is
+close to start-tag order; a submission that starts that close goes out at that level at once,
+as its release would send it. A submission that starts within a quantum of V goes one level
+under the top, ahead of the released work: among it, it would wait for all of it, up to the
+few quanta released. A
 tenant with no work ahead of V starts at V, before all of them, and goes at the top level: it
 waits for the pass that runs, not for the others' backlogs. A queue that runs short gets the
 next start tags at once, so the share is work-conserving: a lone tenant gets the whole worker.
@@ -51,9 +53,16 @@ _PREFIX = "renq:fair:"
 
 # How fast a queue's mean job size follows its messages (a moving average over ~20).
 MEAN_STEP = 0.05
-# A submission whose start lies this many quanta beyond the virtual time is held back; held
-# work is released once its earliest start tag is within this of V.
+# A submission starting this many quanta or more beyond the virtual time goes under the top
+# level; held work is released once its earliest start tag is within this of V.
 HOLD_AHEAD = 1.0
+# A submission starting this many quanta or more beyond the virtual time is held back (as is
+# one starting beyond held work); one closer goes out at the released work's level, which
+# the release window (RELEASE_QUANTA past V) fills anyway: for a lone tenant's backlog, its
+# hold, release and publish stamp were three more UPDATEs per job.
+HOLD_AT = 3.0
+# Released work goes this many levels under the top (publishing.RELEASED_PRIORITY).
+RELEASED_BELOW_TOP = 2
 # A queue no worker has taken from for this long holds nothing back: no take would come to
 # release it (no worker yet, or one stuck in a long pass), and the sweeper's backstop is slow.
 TAKEN_RECENTLY_S = 5
@@ -62,8 +71,10 @@ TAKEN_RECENTLY_S = 5
 # its earliest held start tag, its taken-recently mark. ARGV: ttl, then per message: charge,
 # tokens per job, batch_size, batch token budget, whether it may be held (1/0). Returns per
 # message: its start tag, the virtual time read, the quantum, and 0 (banded: not holdable, or
-# nobody takes from its queue), 1 (within a quantum of V) or 2 (held).
-_TAG_MESSAGES = """
+# nobody takes from its queue), 1 (within a quantum of V), 2 (held) or 3 (at the released
+# work's level).
+_TAG_MESSAGES = (
+    """
 local ttl = tonumber(ARGV[1])
 local out = {}
 for i = 1, #KEYS, 6 do
@@ -84,8 +95,12 @@ for i = 1, #KEYS, 6 do
     holding = 1
     if s - v >= HOLD_AHEAD * quantum then
       local earliest = tonumber(redis.call('GET', KEYS[i + 4]) or 'inf')
-      if s < earliest then redis.call('SET', KEYS[i + 4], tostring(s), 'EX', ttl) end
-      holding = 2
+      if s - v >= HOLD_AT * quantum or s >= earliest then
+        if s < earliest then redis.call('SET', KEYS[i + 4], tostring(s), 'EX', ttl) end
+        holding = 2
+      else
+        holding = 3
+      end
     end
   end
   out[#out + 1] = tostring(s)
@@ -94,7 +109,10 @@ for i = 1, #KEYS, 6 do
   out[#out + 1] = tostring(holding)
 end
 return out
-""".replace("MEAN_STEP", repr(MEAN_STEP)).replace("HOLD_AHEAD", repr(HOLD_AHEAD))
+""".replace("MEAN_STEP", repr(MEAN_STEP))
+    .replace("HOLD_AHEAD", repr(HOLD_AHEAD))
+    .replace("HOLD_AT", repr(HOLD_AT))
+)
 
 # KEYS per queue: virtual time, quantum, earliest held start tag, taken-recently mark, holds
 # count, idle mark. ARGV: the mark's ttl, whether the caller's run ends ('1': its worker goes
@@ -253,7 +271,9 @@ def tag_messages(charges: Sequence[Charge], *, top: int) -> list[Tag] | None:
     tags = []
     for i in range(len(charges)):
         start, clock, quantum, holding = (float(value) for value in values[4 * i : 4 * i + 4])
-        if holding:
+        if holding == 3:
+            priority = top - RELEASED_BELOW_TOP
+        elif holding:
             # Within a quantum of V, or held: a tenant with no work ahead of V (its start is
             # V) goes first, the others ahead of the released work, in arrival order.
             priority = top if start <= clock else top - 1

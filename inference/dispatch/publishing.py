@@ -374,7 +374,7 @@ RELEASE_QUANTA = 3
 # Released work goes two levels under the top: the top is for a tenant with no work ahead of V,
 # whose start V precedes them all, the level under it for submissions starting within a
 # quantum of V, which would otherwise wait behind every start tag released, a few quanta.
-RELEASED_PRIORITY = queues.MAX_PRIORITY - 2
+RELEASED_PRIORITY = queues.MAX_PRIORITY - fair_share.RELEASED_BELOW_TOP
 
 
 def _held_in(service_name: str, tier: Tier):

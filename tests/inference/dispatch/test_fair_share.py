@@ -49,7 +49,14 @@ def test_while_a_worker_takes_only_a_tenant_with_nothing_ahead_goes_at_the_top()
         (3, False), (3, False), (2, False),
     ]  # fmt: skip
     fair_share.advance({QUEUE: 30.0})  # a worker takes: the queue's quantum is 2 jobs, 20
-    # Start 30 is V: the top; 40 lies within a quantum: under it; 50 is a quantum ahead: held.
-    assert [(t.priority, t.held) for t in fair_share.tag_messages(holdable, top=3)] == [
-        (3, False), (2, False), (2, True),
+    # Start 30 is V: the top; 40 lies within a quantum: under it; 50 to 80 lie a quantum or
+    # more ahead: at the released work's level; 90 is three quanta ahead: held.
+    assert [(t.priority, t.held) for t in fair_share.tag_messages(holdable * 3, top=3)] == [
+        (3, False), (2, False), (1, False), (1, False), (1, False), (1, False), (2, True),
+        (2, True), (2, True),
     ]  # fmt: skip
+    # Once work is held, what starts beyond it is held too, however close V comes.
+    fair_share.advance({QUEUE: 100.0})
+    assert [(t.start, t.held) for t in fair_share.tag_messages(holdable[:1], top=3)] == [
+        (120.0, True)
+    ]

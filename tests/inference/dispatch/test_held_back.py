@@ -51,12 +51,13 @@ def test_a_deep_backlog_is_held_back_in_postgres_and_the_outbox_leaves_it(
     tenant, _ = make_tenant("deep")
     submit(tenant, 10)
 
-    # Start 0 goes out; the rest lie a quantum (one 10-token job here) or more ahead.
-    assert ready() == 1
+    # Starts 0, 10 and 20 go out; the rest lie three quanta (one 10-token job here) or more
+    # ahead.
+    assert ready() == 3
     held = Job.objects.held_back().filter(service__name=SERVICE)
-    assert held.count() == 9
+    assert sorted(held.values_list("held_start", flat=True)) == [30.0 + 10 * n for n in range(7)]
     assert republish_unpublished(older_than_s=0) == 0
-    assert ready() == 1
+    assert ready() == 3
 
 
 def test_one_submission_of_many_messages_holds_each_at_its_own_start(
@@ -77,21 +78,23 @@ def test_held_work_is_released_earliest_start_first_whoever_sent_it_first(
 ):
     first, _ = make_tenant("first")
     second, _ = make_tenant("second")
-    early = submit(first, 10)  # its held starts: 10 … 90
-    late = submit(second, 10)  # the same starts, sent after all of the first tenant's
+    early = submit(first, 10)  # its held starts: 30 … 90
+    # The same starts, sent after all of the first tenant's; its 10 and 20 lie before the
+    # held work and go out, its 30 and later are held behind the first tenant's 30.
+    late = submit(second, 10)
     purge_test_queues([QUEUE])  # what went out at once is taken
 
-    # The earliest start tags, 10 and 20 of each tenant (four of the service's one-job
+    # The earliest start tags, 30 and 40 of each tenant (four of the service's one-job
     # batches), not the first tenant's next four by arrival.
     assert release_held(SERVICE, "batch") == 4
     still_held = set(Job.objects.held_back().values_list("pk", flat=True))
-    assert still_held == {job.pk for job in early[3:] + late[3:]}
+    assert still_held == {job.pk for job in early[5:] + late[5:]}
     assert ready() == 2  # a message per tenant
-    assert fair_share.clock(QUEUE).earliest_held == 30
-    fair_share.advance({QUEUE: 20.0})  # a worker took them
+    assert fair_share.clock(QUEUE).earliest_held == 50
+    fair_share.advance({QUEUE: 40.0})  # a worker took them
     assert release_held(SERVICE, "batch") == 4
     assert set(Job.objects.held_back().values_list("pk", flat=True)) == {
-        job.pk for job in early[5:] + late[5:]
+        job.pk for job in early[7:] + late[7:]
     }
 
 
@@ -123,10 +126,10 @@ def test_the_sweeper_releases_held_work_of_a_queue_nobody_takes_from(served_serv
     submit(tenant, 10)
     purge_test_queues([QUEUE])  # the one that went out was taken; no worker takes more
 
-    assert release_unfed_held() == 3  # start tags 10 to 30: three quanta of one job here
+    assert release_unfed_held() == 3  # start tags 30 to 50: three quanta of one job here
     assert ready() == 1  # one message
     assert release_unfed_held() == 0  # the queue holds a message again
-    assert Job.objects.held_back().count() == 6
+    assert Job.objects.held_back().count() == 4
 
 
 def test_nothing_is_held_from_a_queue_no_worker_has_taken_from(make_service, make_tenant):
@@ -184,18 +187,18 @@ def test_a_release_that_looked_before_a_hold_committed_leaves_it_noted(
     make_service("noop", name=SERVICE, batch_size=1, batch_timeout=0.001)
     purge_test_queues(service_queues(SERVICE))
     tenant, _ = make_tenant("racing")
-    jobs = submit(tenant, 2)  # no worker took from the queue yet: both go out (starts 0, 10)
+    jobs = submit(tenant, 3)[:2]  # no worker took from the queue yet: all go out (0 to 20)
     purge_test_queues([QUEUE])
     fair_share.advance({QUEUE: 0.0})  # a worker takes from the queue now
 
     with transaction.atomic():
-        publish_many(jobs, counted_on=True)  # as first sent: starts 20 and 30, held back
-        assert fair_share.clock(QUEUE).earliest_held == 20
+        publish_many(jobs, counted_on=True)  # as first sent: starts 30 and 40, held back
+        assert fair_share.clock(QUEUE).earliest_held == 30
         with ThreadPoolExecutor(max_workers=1) as other:
             assert other.submit(_release_elsewhere).result() == 0  # the holds are not committed
 
     # Committed: the worker's next look finds the note, so the held jobs are not stranded.
-    assert fair_share.clock(QUEUE).earliest_held == 20
+    assert fair_share.clock(QUEUE).earliest_held == 30
     assert release_held(SERVICE, "batch") == 2
     assert ready() == 1
 
