@@ -197,6 +197,12 @@ class Service(models.Model):
     def runtime(self) -> dict:
         return {field: getattr(self, field) for field in self.RUNTIME_FIELDS}
 
+    @property
+    def start_promise_s(self) -> float:
+        """How long after its acceptance a realtime or api job of the service must start:
+        it expires after queue_timeout and promises its answer within total_timeout."""
+        return min(self.queue_timeout, self.total_timeout)
+
 
 class Job(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)

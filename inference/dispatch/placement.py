@@ -46,7 +46,7 @@ def tier_target_s(service: Service, tier: str) -> float:
     tier = Tier(tier)
     configured = current_tier_policies()[tier.value].target_wait_s
     if tier.is_interactive:
-        deadline = min(service.queue_timeout, service.total_timeout)
+        deadline = service.start_promise_s
         return deadline if configured is None else min(configured, deadline)
     return configured if configured is not None else DEFAULT_TARGET_WAIT_S[tier.value]
 

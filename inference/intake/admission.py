@@ -41,7 +41,6 @@ from inference.dispatch.queue_position import (
 from inference.intake.overdue import (
     OVERDUE_FRACTION,
     OVERDUE_HOLD_MS,
-    latency_promise_s,
     overdue_service,
 )
 from inference.jobs.tiers import Tier
@@ -170,7 +169,7 @@ def refuse_overdue_lines(tenant: Tenant, jobs: Sequence[Job]) -> None:
 
 
 def _overdue_refusal(service: Service) -> AdmissionRefused:
-    promise_s = latency_promise_s(service)
+    promise_s = service.start_promise_s
     return AdmissionRefused(
         503,
         "service",

@@ -92,12 +92,7 @@ def note_late_claims(jobs: Iterable[Job], now: datetime) -> None:
 
 
 def _late_after(service: Service) -> timedelta:
-    return timedelta(seconds=OVERDUE_FRACTION * latency_promise_s(service))
-
-
-def latency_promise_s(service: Service) -> float:
-    """How long after its acceptance an interactive job of the service must start."""
-    return min(service.queue_timeout, service.total_timeout)
+    return timedelta(seconds=OVERDUE_FRACTION * service.start_promise_s)
 
 
 def _still_waiting_since(service_id: int, tenant_id: int, tier: str, since: datetime) -> bool:

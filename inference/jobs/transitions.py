@@ -175,9 +175,7 @@ def missed_deadline(job: JobRow, now: datetime) -> bool:
         return True
     if not promises_latency(job.tier, job.requested_tier):
         return False
-    waited_s = (now - job.created_at).total_seconds()
-    service = job.service
-    return waited_s > service.queue_timeout or waited_s > service.total_timeout
+    return (now - job.created_at).total_seconds() > job.service.start_promise_s
 
 
 def _audit(cursor, job_ids: list, kind: str, statuses: list[str], token=None) -> None:

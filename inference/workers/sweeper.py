@@ -192,7 +192,7 @@ def expire_overdue(now=None) -> int:
         "not started before its deadline (deadline_ms)"
     )
     for service in Service.objects.filter(active=True):
-        waited_too_long = min(service.queue_timeout, service.total_timeout)
+        waited_too_long = service.start_promise_s
         expired += Job.objects.filter(
             service=service,
             tier__in=[Tier.REALTIME, Tier.API],
