@@ -19,7 +19,7 @@ from functools import partial
 
 import amqp
 from celery.utils.nodenames import anon_nodename
-from django.db import DatabaseError, transaction
+from django.db import DatabaseError, InterfaceError, transaction
 from django.db.models import Case, FloatField, Q, Value, When
 from django.utils import timezone
 from kombu import Connection
@@ -284,7 +284,13 @@ def _send_ids(
     return True
 
 
-def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool = False) -> int:
+def publish_many(
+    jobs: Sequence[Job],
+    *,
+    counted_on: bool = False,
+    charged: bool = False,
+    commit_unknown: bool = False,
+) -> int:
     """Publish the jobs' dispatch messages (with publisher confirms) and record, in one
     UPDATE, which RabbitMQ confirmed. Jobs bound for the same tier queue travel together, up
     to jobs_per_message in one message (one publish and one confirm instead of one per
@@ -304,12 +310,18 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool
     overdue; at the plan's priority they would sink under a flood's released work.
 
     A submission's message too far ahead of its tier queue's fair-share clock is held back
-    (fair_share): its jobs wait in Postgres, counted as dispatched, until `release_held`."""
+    (fair_share): its jobs wait in Postgres, counted as dispatched, until `release_held`.
+    Should Postgres not take the hold, the message goes out at the released work's level:
+    a job counted as published must have a message somewhere.
+
+    `commit_unknown`: the connection broke under the jobs' COMMIT, which may still be under
+    way; nothing is held (a hold could miss rows not yet committed)."""
     jobs = list(jobs)
     sent: list = []
     held: list[tuple[Destination, list[Job], float]] = []
     messages = _messages(jobs)
-    tags = [None] * len(messages) if charged else _fair_tags(messages, holding=counted_on)
+    holding = counted_on and not commit_unknown
+    tags = [None] * len(messages) if charged else _fair_tags(messages, holding=holding)
     for (target, group), tag in zip(messages, tags, strict=True):
         if tag is not None and tag.held:
             held.append((target, group, tag.start))
@@ -321,6 +333,15 @@ def publish_many(jobs: Sequence[Job], *, counted_on: bool = False, charged: bool
         sent.extend(job.pk for job in group)
     if held and _hold_back(held):
         sent.extend(job.pk for _, group, _ in held for job in group)
+    elif held:
+        for target, group, start in held:
+            if not _send(
+                replace(target, priority=RELEASED_PRIORITY),
+                group,
+                fair_share.Tag(start, RELEASED_PRIORITY),
+            ):
+                break
+            sent.extend(job.pk for job in group)
     if counted_on:
         if len(sent) < len(jobs):
             confirmed = set(sent)
@@ -340,7 +361,7 @@ def _hold_back(held: list[tuple[Destination, list[Job], float]]) -> bool:
     ids = [job.pk for _, group, _ in held for job in group]
     try:
         Job.objects.filter(pk__in=ids).hold_back(starts)
-    except DatabaseError:
+    except (DatabaseError, InterfaceError):
         logger.warning("could not hold back %d jobs", len(ids), exc_info=True)
         return False
     transaction.on_commit(partial(_holds_committed, held))
@@ -362,7 +383,7 @@ def _holds_committed(held: list[tuple[Destination, list[Job], float]]) -> None:
     for queue in sorted(fair_share.holds_committed(earliest)):
         try:
             release_held(*tiers[queue])
-        except DatabaseError:
+        except (DatabaseError, InterfaceError):
             logger.warning("could not release held work of %s", queue, exc_info=True)
 
 
@@ -455,7 +476,7 @@ def release_held(service_name: str, tier: Tier, clock: fair_share.Clock | None =
 def _stamp_published(job_ids: list) -> None:
     try:
         Job.objects.filter(pk__in=job_ids).mark_published()
-    except DatabaseError:
+    except (DatabaseError, InterfaceError):
         # Sent, unstamped: the outbox sends them once more (a duplicate, dropped at claim).
         logger.warning("could not stamp %d released jobs as published", len(job_ids))
 
@@ -463,7 +484,7 @@ def _stamp_published(job_ids: list) -> None:
 def _unmark(job_ids: list) -> None:
     try:
         Job.objects.filter(pk__in=job_ids).unmark_published()
-    except DatabaseError:
+    except (DatabaseError, InterfaceError):
         # Postgres is away too: the lost-message sweep finds these jobs once it is back.
         logger.warning("could not hand %d unpublished jobs to the outbox", len(job_ids))
 

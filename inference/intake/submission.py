@@ -344,7 +344,7 @@ def accept(
                 # The jobs may be stored, each counted as published: without a message one
                 # would wait for the lost-message sweep. A message for a job that was not
                 # stored is dropped at its claim. The client is still told 503.
-                publish_many(created, counted_on=True)
+                publish_many(created, counted_on=True, commit_unknown=True)
             raise
         except DatabaseError as exc:
             refusal = next((r for c, _ in checked if (r := c.refusal(exc)) is not None), None)

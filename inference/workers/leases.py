@@ -20,7 +20,7 @@ import threading
 from collections.abc import Iterator
 
 from django.conf import settings
-from django.db import DatabaseError, close_old_connections, connection
+from django.db import DatabaseError, InterfaceError, close_old_connections, connection
 
 from inference.models import Job
 from inference.workers import worker_identity
@@ -103,7 +103,7 @@ class LeaseKeeper:
             try:
                 close_old_connections()
                 self.renew_now()
-            except DatabaseError:
+            except (DatabaseError, InterfaceError):
                 # The lease may lapse and the job be taken over: that is what a lease is for.
                 logger.warning("could not renew this worker's leases", exc_info=True)
                 connection.close()

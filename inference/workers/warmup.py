@@ -8,7 +8,7 @@ import os
 import time
 
 from django.conf import settings
-from django.db import DatabaseError, connections
+from django.db import DatabaseError, InterfaceError, connections
 
 from inference.dispatch.queues import served_service_names, tier_queue
 from inference.engines import load_engine
@@ -45,7 +45,7 @@ def import_consumed_engines() -> None:
     model imports neither."""
     try:
         kinds = {service.kind for service in _consumed_services()}
-    except DatabaseError:
+    except (DatabaseError, InterfaceError):
         logger.warning("could not read the consumed services; pool processes import engines")
         return
     finally:

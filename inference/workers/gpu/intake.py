@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from django.db import DatabaseError
+from django.db import DatabaseError, InterfaceError
 from django.utils import timezone
 
 from inference.dispatch import fair_share
@@ -349,7 +349,7 @@ class Intake:
                 mine = [h.job.pk for h in held if h.claim.token == token]
                 if Job.objects.filter(pk__in=mine, claim_token=token).release():
                     released.extend(mine)
-        except DatabaseError:
+        except (DatabaseError, InterfaceError):
             # Postgres is away: what is still claimed stays here and runs in a later pass.
             logger.warning("could not hand back %d claimed jobs", len(held), exc_info=True)
         if released:
@@ -370,7 +370,7 @@ class Intake:
                 Job.objects.filter(
                     pk__in=[job.pk for job in jobs], published_at__lt=started
                 ).unmark_published()
-        except DatabaseError:
+        except (DatabaseError, InterfaceError):
             # Sent, or left for the lost-message sweep: queued in Postgres either way.
             logger.warning("could not stamp %d handed-back jobs", len(jobs), exc_info=True)
 

@@ -4,13 +4,17 @@ comes out in start-tag order: the bands only order what lies within a few quanta
 from __future__ import annotations
 
 import pytest
+from django.db import InterfaceError
 
 from inference.dispatch import fair_share, publishing
 from inference.dispatch.broker import ready_message_counts
 from inference.dispatch.publishing import release_held, republish_unpublished
 from inference.dispatch.queues import service_queues, tier_queue
+from inference.intake import submission
+from inference.intake.row_writer import OutcomeUnknown
 from inference.intake.submission import JobRequest, submit_job, submit_jobs
 from inference.jobs.tiers import Tier
+from inference.jobs.transitions import JobQuerySet
 from inference.models import Job
 from inference.workers.sweeper import release_unfed_held
 from tests.conftest import purge_test_queues
@@ -119,6 +123,45 @@ def test_held_work_whose_release_dies_before_its_publish_is_left_to_the_outbox(
     assert unsent.count() >= 1 and not unsent.filter(published_at__isnull=False).exists()
     assert republish_unpublished(older_than_s=0) == unsent.count()
     assert ready() >= 1
+
+
+def test_work_postgres_cannot_hold_goes_out_to_rabbitmq_at_once(
+    served_service, make_tenant, monkeypatch
+):
+    # The connection broke after the jobs' COMMIT (psycopg2 then says InterfaceError, not a
+    # DatabaseError): counted as published, without a message they would wait for the
+    # lost-message sweep.
+    def connection_lost(self, start):
+        raise InterfaceError("connection already closed")
+
+    monkeypatch.setattr(JobQuerySet, "hold_back", connection_lost)
+    tenant, _ = make_tenant("unholdable")
+    submit(tenant, 10)
+
+    assert ready() == 10
+    assert not Job.objects.held_back().exists()
+    assert not Job.objects.filter(published_at__isnull=True).exists()
+
+
+def test_a_submission_whose_commit_reply_was_lost_is_never_held(
+    served_service, make_tenant, monkeypatch
+):
+    # Its COMMIT may still be under way: a hold written now could miss the row.
+    group_commit = submission._group_commit
+    execute = group_commit._execute
+
+    def committed_then_lost(statements):
+        execute(statements)
+        raise OutcomeUnknown("server closed the connection unexpectedly")
+
+    tenant, _ = make_tenant("reply-lost")
+    submit(tenant, 3)  # starts 0, 10 and 20: the next would be held
+    monkeypatch.setattr(group_commit, "_execute", committed_then_lost)
+    with pytest.raises(OutcomeUnknown):
+        submit(tenant, 1)
+
+    assert ready() == 4
+    assert not Job.objects.held_back().exists()
 
 
 def test_the_sweeper_releases_held_work_of_a_queue_nobody_takes_from(served_service, make_tenant):
