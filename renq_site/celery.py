@@ -39,6 +39,8 @@ app.conf.update(
     task_default_priority=0,
     task_default_queue=queues.control_queue(),
     worker_cancel_long_running_tasks_on_connection_loss=True,
+    # Back within a second of a broker that is (Celery's own retries wait 2, 4, 6… s).
+    worker_consumer="renq_site.worker_consumer:PromptConsumer",
     # After a broker reconnect with tasks in flight, Celery cuts the prefetch count and
     # restores it as those tasks' acks arrive; acks for the lost channel never do, and a
     # control worker (4 threads) stopped taking tasks for good after a broker cut: no sweep,
