@@ -20,7 +20,7 @@ from functools import partial
 import amqp
 from celery.utils.nodenames import anon_nodename
 from django.db import DatabaseError, InterfaceError, transaction
-from django.db.models import Case, FloatField, Q, Value, When
+from django.db.models import Case, FloatField, Min, Q, Value, When
 from django.utils import timezone
 from kombu import Connection
 from opentelemetry.trace import SpanKind
@@ -444,11 +444,13 @@ def release_held(service_name: str, tier: Tier, clock: fair_share.Clock | None =
         else:
             taken = rows[:limit]
         Job.objects.filter(pk__in=[row[0] for row in taken]).release_hold()
-    fair_share.note_held(
-        queue,
-        rows[len(taken)][1] if len(rows) > len(taken) else None,
-        holds_seen=clock.holds if clock is not None else None,
-    )
+    if len(rows) > len(taken):
+        earliest = rows[len(taken)][1]
+    else:
+        # SKIP LOCKED hid the rows a concurrent release has locked, which it may not all
+        # take: a note cleared after that release wrote its own would strand them.
+        earliest = _held_in(service_name, tier).aggregate(Min("held_start"))["held_start__min"]
+    fair_share.note_held(queue, earliest, holds_seen=clock.holds if clock is not None else None)
     per_message = jobs_per_message(batch_size)
     by_tenant: dict[int, list[tuple]] = {}
     for row in taken:

@@ -246,6 +246,25 @@ def test_a_release_that_looked_before_a_hold_committed_leaves_it_noted(
     assert ready() == 1
 
 
+def test_a_release_that_finds_the_held_rows_locked_leaves_them_noted(served_service, make_tenant):
+    # Another release has them locked (SKIP LOCKED hides them) and may not take them all:
+    # were the note cleared, what it leaves would wait for the sweeper, not the next run.
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import transaction
+
+    tenant, _ = make_tenant("locked")
+    submit(tenant, 10)  # starts 0 to 20 go out, 30 to 90 are held
+    assert fair_share.clock(QUEUE).earliest_held == 30
+
+    with transaction.atomic():
+        assert len(Job.objects.held_back().select_for_update()) == 7
+        with ThreadPoolExecutor(max_workers=1) as other:
+            assert other.submit(_release_elsewhere).result() == 0
+
+    assert fair_share.clock(QUEUE).earliest_held == 30
+
+
 def test_a_hold_committed_after_the_workers_went_idle_is_released_by_its_sender(
     served_service, make_tenant
 ):
