@@ -9,10 +9,12 @@ from functools import partial
 from django.conf import settings
 
 from inference.dispatch import fair_share
+from inference.dispatch.queues import served_service_names
 from inference.dispatch.settlement import fail_over_local_error
 from inference.engines import load_engine
+from inference.intake.lookups import active_service
 from inference.jobs.tiers import Tier
-from inference.models import Job
+from inference.models import Job, Service
 from inference.workers import worker_identity
 from inference.workers.gpu.early_pass import EarlyPass, HeadStarts, start_early_pass
 from inference.workers.gpu.generation_loop import GenerationLoop
@@ -112,11 +114,15 @@ class BatchRunner:
                 worker=worker,
             )
         note_claim(seed_claim, report)
-        if not seed_claim.jobs:
+        service = seed_claim.jobs[0].service if seed_claim.jobs else None
+        if service is None:
             report.dropped += len(seed_job_ids) - len(seed_claim.expired)
-            return report.as_dict()
-
-        service = seed_claim.jobs[0].service
+            # Nothing to run (expired, cancelled, a duplicate): the run drains on from the
+            # seed's queue, where more such messages wait after an outage, claimed in bulk,
+            # not one task each.
+            service = _queue_service(seed_queue)
+            if service is None:
+                return report.as_dict()
         try:
             engine = load_engine(service.kind, service.model_ref, device=settings.RENQ_DEVICE)
         except Exception as exc:
@@ -127,6 +133,10 @@ class BatchRunner:
             report.failed += len(seed_claim.jobs)
             return report.as_dict()
         reader = self._readers.get(service.name) if self._readers is not None else None
+        if not seed_claim.jobs and (
+            reader is None or getattr(engine, "supports_continuous", False)
+        ):
+            return report.as_dict()
         if getattr(engine, "supports_continuous", False):
             # An LLM with continuous batching: jobs join its decode loop as they arrive.
             loop = GenerationLoop(
@@ -167,6 +177,12 @@ class BatchRunner:
         # message would start the next task.
         loop.intake.release_before_idle()
         return report.as_dict()
+
+
+def _queue_service(queue: str | None) -> Service | None:
+    """The active service whose tier queue this is, if any."""
+    names = served_service_names({queue}) if queue else set()
+    return active_service(names.pop()) if len(names) == 1 else None
 
 
 def _release_stopped_claims(worker: str) -> None:
