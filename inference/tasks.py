@@ -21,7 +21,7 @@ from celery.signals import (
     worker_process_init,
     worker_process_shutdown,
 )
-from django.db import DatabaseError, InterfaceError, close_old_connections
+from django.db import DatabaseError, InterfaceError, close_old_connections, connections
 
 from inference.config.tiers import tier_policies
 from inference.dispatch import fair_share
@@ -167,6 +167,10 @@ def _import_engines(**_kwargs) -> None:
 def _warm_worker_process(**_kwargs) -> None:
     keep_off_model_cores()  # before this process starts its threads (they inherit it)
     warm_engines_for_consumed_queues()
+    # Celery's Django fixup runs after this receiver: it closes this thread's Postgres
+    # sessions by file descriptor, then again through the driver, and a thread started here
+    # may have opened a socket or file on that number in between. Closed first, it skips them.
+    connections.close_all()
     _runner.head_starts.listen(consumed_realtime_queues())
     # Last: the engines loaded above live as long as the process.
     freeze_startup_objects()
