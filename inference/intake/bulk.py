@@ -17,16 +17,16 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, OperationalError, transaction
 from django.db.models import Count, Exists, OuterRef, Q
 from django.utils import timezone
 
 from inference.dispatch.placement import routes_on_submit
-from inference.dispatch.publishing import publish_many_on_commit
+from inference.dispatch.publishing import publish_many, publish_many_on_commit
 from inference.intake.admission import QueueCapacityCheck, RunningJobsCheck, reserve_counters
 from inference.intake.audit import record_receipts
 from inference.intake.entitlements import TierChoice, plan_tier
-from inference.intake.row_writer import run_in_one_round_trip
+from inference.intake.row_writer import OutcomeUnknown, may_have_committed, run_in_one_round_trip
 from inference.intake.submission import (
     clean_idempotency_key,
     replay,
@@ -207,6 +207,7 @@ def _store_bulk(tenant, service, tier, payload, piece_inputs, actor: str, key: s
         QueueCapacityCheck(service, tier.served, len(pieces), tenant=tenant, bulk=True),
         RunningJobsCheck(tenant, 1),
     ]
+    committing = False
     try:
         with transaction.atomic():
             run_in_one_round_trip([sql for check in checks if (sql := check.statement())])
@@ -215,7 +216,14 @@ def _store_bulk(tenant, service, tier, payload, piece_inputs, actor: str, key: s
             JobRoute.objects.bulk_create(routes)
             record_receipts([parent], actor=actor)
             publish_many_on_commit(pieces, counted_on=True)
+            committing = True
     except DatabaseError as exc:
+        if committing and isinstance(exc, OperationalError) and may_have_committed(exc):
+            # The COMMIT's reply was lost: the pieces may be stored, each counted as
+            # published, and without a message one would wait for the lost-message sweep.
+            # The client is told 503; a message for a piece not stored is dropped at claim.
+            publish_many(pieces, counted_on=True, commit_unknown=True)
+            raise OutcomeUnknown(*exc.args) from exc
         refusal = next((r for check in checks if (r := check.refusal(exc)) is not None), None)
         if refusal is not None:
             raise refusal from None

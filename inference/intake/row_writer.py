@@ -96,12 +96,16 @@ def run_in_one_round_trip(statements: Sequence[tuple[str, list]], using: str = "
                 ";\n".join(sql for sql, _ in statements), [p for _, ps in statements for p in ps]
             )
         except OperationalError as exc:
-            # No SQLSTATE: the socket closed under the query. Class 57P: the server was shut
-            # down or crashed while running it. Either way its COMMIT may have happened.
-            code = getattr(exc.__cause__, "pgcode", None)
-            if code is None or code.startswith("57P"):
+            if may_have_committed(exc):
                 raise OutcomeUnknown(*exc.args) from exc
             raise
+
+
+def may_have_committed(exc: OperationalError) -> bool:
+    """Whether a COMMIT sent before this error may have happened: no SQLSTATE (the socket
+    closed under it) or class 57P (the server was shut down or crashed while running it)."""
+    code = getattr(exc.__cause__, "pgcode", None)
+    return code is None or code.startswith("57P")
 
 
 def insert_statements(*groups: Sequence[Model], using: str = "default") -> list[tuple[str, list]]:

@@ -150,3 +150,36 @@ def test_the_parent_is_finished_by_whoever_stores_its_last_piece(make_tenant, sm
     parent = Job.objects.get(pk=parent_id)
     assert parent.status == JobStatus.SUCCEEDED
     assert parent.result == {"count": 20}
+
+
+def test_a_bulk_whose_commit_reply_was_lost_is_refused_yet_dispatched(
+    make_tenant, small_queue, monkeypatch
+):
+    # Its pieces may be stored (here they are), each counted as published: they get their
+    # messages now, not from the lost-message sweep. The client hears 503 and may retry.
+    from django.db import OperationalError, connection
+
+    from inference.intake.bulk import submit_bulk
+    from inference.intake.row_writer import OutcomeUnknown
+
+    tenant, _ = make_tenant("reply-lost")
+    commit = connection._commit
+
+    def committed_then_lost():
+        commit()
+        raise OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(connection, "_commit", committed_then_lost)
+    with pytest.raises(OutcomeUnknown):
+        submit_bulk(
+            tenant=tenant,
+            service_name=small_queue.name,
+            payload={"texts": [f"text {i}" for i in range(12)]},
+        )
+    monkeypatch.undo()
+
+    pieces = Job.objects.filter(tenant=tenant, parent__isnull=False)
+    assert pieces.count() >= 2
+    assert not pieces.filter(published_at__isnull=True).exists()
+    queue = tier_queue(small_queue.name, pieces[0].tier)
+    assert ready_message_counts([queue])[queue] >= 1
