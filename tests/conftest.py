@@ -155,10 +155,17 @@ def _fresh_process_caches():
     """Each test sees its own rows: drop what this process cached from earlier tests."""
     from inference.dispatch.broker import forget_consumer_counts
     from inference.dispatch.placement import forget_backlog_counts
+    from inference.dispatch.publishing import forget_failed_publish
     from inference.intake.lookups import forget_all
     from inference.intake.overdue import forget_checks
 
-    for forget in (forget_all, forget_backlog_counts, forget_consumer_counts, forget_checks):
+    for forget in (
+        forget_all,
+        forget_backlog_counts,
+        forget_consumer_counts,
+        forget_checks,
+        forget_failed_publish,
+    ):
         forget()
     yield
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -54,6 +55,20 @@ CONFIRM_TIMEOUT_S = 10.0
 INPUT_HEADER = "renq_input"
 # Larger inputs are read at the claim: a copy in the message would cost more than it saves.
 MAX_CARRIED_INPUT_BYTES = 4096
+
+
+# This process's last publish failed (time.monotonic()); None once one succeeds. For so
+# long after a failure admission refuses work that promises a start within seconds: the
+# broker is likely still away, and such a job would expire before the outbox sends it.
+_publish_failed_at: float | None = None
+BROKER_AWAY_HOLD_S = 1.0
+
+
+def broker_seems_away() -> bool:
+    """Whether this process's last publish failed less than BROKER_AWAY_HOLD_S ago (after
+    that, the next publish tries the broker again)."""
+    failed_at = _publish_failed_at
+    return failed_at is not None and time.monotonic() - failed_at < BROKER_AWAY_HOLD_S
 
 
 @dataclass(frozen=True)
@@ -280,8 +295,23 @@ def _send_ids(
             target.queue,
             exc_info=True,
         )
+        _note_publish(failed=True)
         return False
+    _note_publish(failed=False)
     return True
+
+
+def forget_failed_publish() -> None:
+    """As if no publish of this process had failed (tests)."""
+    _note_publish(failed=False)
+
+
+def _note_publish(*, failed: bool) -> None:
+    global _publish_failed_at
+    if failed:
+        _publish_failed_at = time.monotonic()
+    elif _publish_failed_at is not None:
+        _publish_failed_at = None
 
 
 def publish_many(

@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 
 from django.db import DatabaseError
 
+from inference.dispatch.publishing import BROKER_AWAY_HOLD_S, broker_seems_away
 from inference.dispatch.queue_position import (
     queue_allowance,
     retry_after_s,
@@ -166,6 +167,21 @@ def refuse_overdue_lines(tenant: Tenant, jobs: Sequence[Job]) -> None:
     service = overdue_service(tenant, jobs)
     if service is not None:
         raise _overdue_refusal(service)
+
+
+def refuse_while_broker_away(jobs: Sequence[Job]) -> None:
+    """Raise AdmissionRefused (503) for realtime/api jobs while this process's last publish
+    failed moments ago: stored now, they would wait for the outbox and expire before it sends
+    them. Work that promises no start time is still accepted (the outbox sends it later)."""
+    if jobs and broker_seems_away():
+        raise AdmissionRefused(
+            503,
+            "service",
+            "the message broker (RabbitMQ) is unavailable: realtime and api jobs would expire "
+            "before it is back; retry shortly.",
+            retry_after_s=max(1, math.ceil(BROKER_AWAY_HOLD_S)),
+            quota="broker",
+        )
 
 
 def _overdue_refusal(service: Service) -> AdmissionRefused:

@@ -38,6 +38,7 @@ from inference.intake.admission import (
     QueueCapacityCheck,
     RunningJobsCheck,
     refuse_overdue_lines,
+    refuse_while_broker_away,
     reserve_counters,
 )
 from inference.intake.audit import receipts, record_event
@@ -301,14 +302,10 @@ def accept(
             for i, hit in answers.items()
         }
         routes = routes_on_submit(created)
+        interactive = [job for job in created if promises_latency(job.tier, job.requested_tier)]
+        refuse_while_broker_away(interactive)
         refuse_overdue_lines(
-            tenant,
-            [
-                job
-                for job in created
-                if promises_latency(job.tier, job.requested_tier)
-                and destination(job).task == RUN_JOB_TASK
-            ],
+            tenant, [job for job in interactive if destination(job).task == RUN_JOB_TASK]
         )
         receipt_rows = receipts(created, actor=actor)
         queued_by_service: dict[int, list[int]] = defaultdict(list)
