@@ -20,6 +20,7 @@ from functools import partial
 
 import amqp
 from celery.utils.nodenames import anon_nodename
+from django.conf import settings
 from django.db import DatabaseError, InterfaceError, transaction
 from django.db.models import Case, FloatField, Min, Q, Value, When
 from django.utils import timezone
@@ -614,7 +615,18 @@ def dead_letter(job_ids: Sequence, reason: str) -> None:
             logger.warning("could not publish dead letter of %s", job_id, exc_info=True)
 
 
-def republish_unpublished(older_than_s: float = 10.0) -> int:
+# The outbox sweep sends a job whose publish failed once it is this old (a publish under way
+# is not raced).
+OUTBOX_AFTER_S = 10.0
+
+
+def outbox_wait_s() -> float:
+    """How long a job whose publish failed may wait for the outbox: OUTBOX_AFTER_S, then up
+    to a sweep interval."""
+    return OUTBOX_AFTER_S + settings.RENQ_SWEEP_INTERVAL_S
+
+
+def republish_unpublished(older_than_s: float = OUTBOX_AFTER_S) -> int:
     """The outbox sweep: publish queued jobs whose publish never got confirmed."""
     cutoff = timezone.now() - timezone.timedelta(seconds=older_than_s)
     stale = Job.objects.filter(

@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 
 from django.db import DatabaseError
 
-from inference.dispatch.publishing import BROKER_AWAY_HOLD_S, broker_seems_away
+from inference.dispatch.publishing import BROKER_AWAY_HOLD_S, broker_seems_away, outbox_wait_s
 from inference.dispatch.queue_position import (
     queue_allowance,
     retry_after_s,
@@ -171,9 +171,12 @@ def refuse_overdue_lines(tenant: Tenant, jobs: Sequence[Job]) -> None:
 
 def refuse_while_broker_away(jobs: Sequence[Job]) -> None:
     """Raise AdmissionRefused (503) for realtime/api jobs while this process's last publish
-    failed moments ago: stored now, they would wait for the outbox and expire before it sends
-    them. Work that promises no start time is still accepted (the outbox sends it later)."""
-    if jobs and broker_seems_away():
+    failed moments ago, when their service promises a start sooner than the outbox would send
+    them: stored now, they would expire first. Other work is still accepted (the outbox
+    sends it later)."""
+    if not jobs or not broker_seems_away():
+        return
+    if any(job.service.start_promise_s < outbox_wait_s() for job in jobs):
         raise AdmissionRefused(
             503,
             "service",

@@ -1,7 +1,8 @@
 """While RabbitMQ does not take a web process's publishes, its new realtime and api jobs get
 503 with Retry-After instead of 202: stored, they would wait for the outbox sweep and expire
 before it sends them (a RabbitMQ restart under a flood expired hundreds that way). Batch work
-is still accepted, and the broker is tried again a second after the last failure."""
+is still accepted, as are jobs of a service whose queue_timeout outlasts the outbox's wait, and
+the broker is tried again a second after the last failure."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from rest_framework.test import APIClient
 from inference.dispatch import publishing
 from inference.dispatch.broker import ready_message_counts
 from inference.dispatch.queues import service_queues, tier_queue
-from inference.models import Job
+from inference.intake.lookups import forget_all
+from inference.models import Job, Service
 from tests.conftest import purge_test_queues
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,7 +24,7 @@ SERVICE = "broker-away"
 
 @pytest.fixture
 def client(make_tenant, make_service):
-    make_service("noop", name=SERVICE)
+    make_service("noop", name=SERVICE, queue_timeout=2.0, total_timeout=5.0)
     purge_test_queues(service_queues(SERVICE))
     _, key = make_tenant("broker-away")
     api = APIClient()
@@ -72,3 +74,13 @@ def test_the_broker_is_tried_again_once_the_hold_has_passed(client, broker_gone)
     queue = tier_queue(SERVICE, "api")
     assert ready_message_counts([queue])[queue] == 1
     assert submit(client, "api").status_code == 202  # the publish went through: not away
+
+
+def test_jobs_whose_start_promise_outlasts_the_outbox_are_still_accepted(
+    client, broker_gone, make_service
+):
+    assert submit(client, "api").status_code == 202
+    Service.objects.filter(name=SERVICE).update(queue_timeout=900, total_timeout=900)
+    forget_all()  # the web's service cache, as a config change would
+
+    assert submit(client, "api").status_code == 202
