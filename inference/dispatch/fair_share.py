@@ -58,8 +58,8 @@ MEAN_STEP = 0.05
 HOLD_AHEAD = 1.0
 # A submission starting this many quanta or more beyond the virtual time is held back (as is
 # one starting beyond held work); one closer goes out at the released work's level, which
-# the release window (RELEASE_QUANTA past V) fills anyway: for a lone tenant's backlog, its
-# hold, release and publish stamp were three more UPDATEs per job.
+# the release window (RELEASE_QUANTA past V) fills anyway, without a hold, a release and a
+# publish stamp written per job.
 HOLD_AT = 3.0
 # Released work goes this many levels under the top (publishing.RELEASED_PRIORITY).
 RELEASED_BELOW_TOP = 2

@@ -309,10 +309,7 @@ def forget_failed_publish() -> None:
 
 def _note_publish(*, failed: bool) -> None:
     global _publish_failed_at
-    if failed:
-        _publish_failed_at = time.monotonic()
-    elif _publish_failed_at is not None:
-        _publish_failed_at = None
+    _publish_failed_at = time.monotonic() if failed else None
 
 
 def publish_many(

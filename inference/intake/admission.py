@@ -174,9 +174,7 @@ def refuse_while_broker_away(jobs: Sequence[Job]) -> None:
     failed moments ago, when their service promises a start sooner than the outbox would send
     them: stored now, they would expire first. Other work is still accepted (the outbox
     sends it later)."""
-    if not jobs or not broker_seems_away():
-        return
-    if any(job.service.start_promise_s < outbox_wait_s() for job in jobs):
+    if broker_seems_away() and any(job.service.start_promise_s < outbox_wait_s() for job in jobs):
         raise AdmissionRefused(
             503,
             "service",

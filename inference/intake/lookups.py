@@ -10,6 +10,7 @@ import os
 import threading
 
 from inference.config.changes import ConfigWatcher, config_changed
+from inference.dispatch.queues import served_service_names
 from inference.models import ApiKey, Service
 from routing.router import forget_routes
 
@@ -55,6 +56,12 @@ def active_service(name: str) -> Service | None:
     if name not in _services:
         _services[name] = Service.objects.filter(name=name, active=True).first()
     return _services[name]
+
+
+def active_service_of_queue(queue: str | None) -> Service | None:
+    """The active service whose tier queue this is, if any."""
+    names = served_service_names({queue}) if queue else set()
+    return active_service(names.pop()) if len(names) == 1 else None
 
 
 def cached_api_key(plaintext: str) -> ApiKey | None:

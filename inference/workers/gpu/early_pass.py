@@ -28,9 +28,8 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from inference.dispatch.head_start import MAX_OFFER_AGE_S, Offer, take_offer
-from inference.dispatch.queues import served_service_names
 from inference.engines import load_engine
-from inference.intake.lookups import active_service
+from inference.intake.lookups import active_service_of_queue
 from inference.jobs.tiers import Tier
 from inference.models import Job
 from inference.workers.gpu.held import Held, engine_payload
@@ -106,8 +105,7 @@ def start_early_pass(
     """Start the pass of the job whose input its message to `queue` carried; None when it
     cannot start before the claim (an unknown service, a continuous-batching or streaming
     model, an input it cannot read): the job then runs after its claim, as any other."""
-    names = served_service_names({queue})
-    service = active_service(names.pop()) if len(names) == 1 else None
+    service = active_service_of_queue(queue)
     if service is None:
         return None
     try:

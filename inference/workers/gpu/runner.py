@@ -9,12 +9,11 @@ from functools import partial
 from django.conf import settings
 
 from inference.dispatch import fair_share
-from inference.dispatch.queues import served_service_names
 from inference.dispatch.settlement import fail_over_local_error
 from inference.engines import load_engine
-from inference.intake.lookups import active_service
+from inference.intake.lookups import active_service_of_queue
 from inference.jobs.tiers import Tier
-from inference.models import Job, Service
+from inference.models import Job
 from inference.workers import worker_identity
 from inference.workers.gpu.early_pass import EarlyPass, HeadStarts, start_early_pass
 from inference.workers.gpu.generation_loop import GenerationLoop
@@ -120,7 +119,7 @@ class BatchRunner:
             # Nothing to run (expired, cancelled, a duplicate): the run drains on from the
             # seed's queue, where more such messages wait after an outage, claimed in bulk,
             # not one task each.
-            service = _queue_service(seed_queue)
+            service = active_service_of_queue(seed_queue)
             if service is None:
                 return report.as_dict()
         try:
@@ -177,12 +176,6 @@ class BatchRunner:
         # message would start the next task.
         loop.intake.release_before_idle()
         return report.as_dict()
-
-
-def _queue_service(queue: str | None) -> Service | None:
-    """The active service whose tier queue this is, if any."""
-    names = served_service_names({queue}) if queue else set()
-    return active_service(names.pop()) if len(names) == 1 else None
 
 
 def _release_stopped_claims(worker: str) -> None:
