@@ -31,6 +31,7 @@ from inference.workers.cloud import run_cloud_attempt
 from inference.workers.cpu_pinning import keep_off_model_cores
 from inference.workers.gpu.runner import BatchRunner
 from inference.workers.io_turns import IoTurns
+from inference.workers.readiness import forget_process_readiness
 from inference.workers.sweeper import (
     expire_overdue,
     promote_waiting_jobs,
@@ -165,6 +166,7 @@ def _import_engines(**_kwargs) -> None:
 
 @worker_process_init.connect
 def _warm_worker_process(**_kwargs) -> None:
+    forget_process_readiness()  # not warm until this warm-up says so
     keep_off_model_cores()  # before this process starts its threads (they inherit it)
     warm_engines_for_consumed_queues()
     # Celery's Django fixup runs after this receiver: it closes this thread's Postgres
@@ -179,3 +181,8 @@ def _warm_worker_process(**_kwargs) -> None:
 @worker_process_shutdown.connect
 def _close_readers(**_kwargs) -> None:
     _readers.close_all()
+
+
+@worker_process_shutdown.connect
+def _forget_readiness(**_kwargs) -> None:
+    forget_process_readiness()

@@ -30,6 +30,13 @@ def ready_file(pid: int) -> Path:
     return ready_dir() / f"{pid}.json"
 
 
+def forget_process_readiness() -> None:
+    """This pool process starts or stops: a file an earlier process of the same pid left (pids
+    are reused, and a restarted container counts from 1 again) must not make it look warm
+    while it is still loading its models."""
+    ready_file(os.getpid()).unlink(missing_ok=True)
+
+
 def mark_process_ready(*, failed: list[str]) -> None:
     """Called by the warm-up when it is over; `failed` lists services whose model did not load."""
     directory = ready_dir()
