@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -97,9 +98,32 @@ class ProcessGroup:
             argv.append("-B")
         argv += extra or []
         env = {"RENQ_TORCH_THREADS": str(threads)} if threads else None
+        started = time.time()
         log = self.start(name, argv, env)
         wait_until(lambda: " ready." in log.read_text(), f"worker {name}", timeout_s=120)
+        # Celery says " ready." before its pool processes have loaded their models: what is
+        # sent before then waits for the load (a bench would time it).
+        wait_until(
+            lambda: self._pool_warm(name, started), f"worker {name}'s models", timeout_s=120
+        )
         return log
+
+    def _pool_warm(self, name: str, since: float) -> bool:
+        """Every pool process of the worker wrote its readiness file (inference.workers.
+        readiness) after `since`; a worker without pool processes (threads) has none to wait for."""
+        main = self.procs[name].pid
+        if self.procs[name].poll() is not None:
+            raise RuntimeError(f"worker {name} exited; see {RUN_DIR}/{name}.log")
+        children = Path(f"/proc/{main}/task/{main}/children").read_text().split()
+        ready_dir = Path(self.env.get("RENQ_READY_DIR") or RUN_DIR / "ready")
+        for pid in children:
+            try:
+                state = json.loads((ready_dir / f"{pid}.json").read_text())
+            except (OSError, ValueError):
+                return False
+            if state.get("at", 0) < since:
+                return False
+        return True
 
     def flower(self, port: int, basic_auth: str) -> str:
         """Flower on 127.0.0.1 behind basic auth ("user:password"), passed in the environment
