@@ -102,15 +102,18 @@ class ProcessGroup:
         log = self.start(name, argv, env)
         wait_until(lambda: " ready." in log.read_text(), f"worker {name}", timeout_s=120)
         # Celery says " ready." before its pool processes have loaded their models: what is
-        # sent before then waits for the load (a bench would time it).
-        wait_until(
-            lambda: self._pool_warm(name, started), f"worker {name}'s models", timeout_s=120
-        )
+        # sent before then waits for the load (a bench would time it). Prefork pool processes
+        # load them; a beat started with the worker is a child that loads none.
+        pool = (extra or [])[(extra or []).index("--pool") + 1] if "--pool" in (extra or []) else ""
+        if pool in ("", "prefork") and not beat:
+            wait_until(
+                lambda: self._pool_warm(name, started), f"worker {name}'s models", timeout_s=120
+            )
         return log
 
     def _pool_warm(self, name: str, since: float) -> bool:
         """Every pool process of the worker wrote its readiness file (inference.workers.
-        readiness) after `since`; a worker without pool processes (threads) has none to wait for."""
+        readiness) after `since`."""
         main = self.procs[name].pid
         if self.procs[name].poll() is not None:
             raise RuntimeError(f"worker {name} exited; see {RUN_DIR}/{name}.log")
