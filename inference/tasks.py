@@ -31,7 +31,7 @@ from inference.workers.cloud import run_cloud_attempt
 from inference.workers.cpu_pinning import keep_off_model_cores
 from inference.workers.gpu.runner import BatchRunner
 from inference.workers.io_turns import IoTurns
-from inference.workers.readiness import forget_process_readiness
+from inference.workers.readiness import forget_process_readiness, mark_process_ready
 from inference.workers.sweeper import (
     expire_overdue,
     promote_waiting_jobs,
@@ -168,14 +168,17 @@ def _import_engines(**_kwargs) -> None:
 def _warm_worker_process(**_kwargs) -> None:
     forget_process_readiness()  # not warm until this warm-up says so
     keep_off_model_cores()  # before this process starts its threads (they inherit it)
-    warm_engines_for_consumed_queues()
+    failed = warm_engines_for_consumed_queues()
     # Celery's Django fixup runs after this receiver: it closes this thread's Postgres
     # sessions by file descriptor, then again through the driver, and a thread started here
     # may have opened a socket or file on that number in between. Closed first, it skips them.
     connections.close_all()
     _runner.head_starts.listen(consumed_realtime_queues())
-    # Last: the engines loaded above live as long as the process.
+    # The engines loaded above live as long as the process.
     freeze_startup_objects()
+    # Last: the readiness probe calls the process warm once it can serve at once (the
+    # collection above takes a few hundred ms with a model loaded).
+    mark_process_ready(failed=failed)
 
 
 @worker_process_shutdown.connect

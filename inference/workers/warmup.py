@@ -16,7 +16,6 @@ from inference.jobs.kinds import kind_of
 from inference.jobs.tiers import Tier
 from inference.models import Service
 from inference.scheduling.cost_model import BatchCostModel
-from inference.workers.readiness import mark_process_ready
 from renq_site.celery import app
 
 logger = logging.getLogger(__name__)
@@ -55,7 +54,9 @@ def import_consumed_engines() -> None:
         kind_of(kind).engine_class()
 
 
-def warm_engines_for_consumed_queues() -> None:
+def warm_engines_for_consumed_queues() -> list[str]:
+    """Load and warm the model of every service the worker consumes; the services whose
+    model did not load (their jobs fail over)."""
     services = _consumed_services()
     if any(kind_of(service.kind).engine_class().uses_torch for service in services):
         import torch
@@ -80,4 +81,4 @@ def warm_engines_for_consumed_queues() -> None:
         except Exception:  # a broken model must not stop the worker serving other services
             logger.exception("could not warm %s; its jobs will fail over", service.name)
             failed.append(service.name)
-    mark_process_ready(failed=failed)  # the readiness probe reads it
+    return failed

@@ -15,11 +15,13 @@ from inference.models import Service
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_threads_start_after_the_main_threads_sessions_are_closed(monkeypatch):
+def test_threads_start_after_the_main_threads_sessions_are_closed(monkeypatch, tmp_path):
     sessions_open_at_thread_start: list[bool] = []
+    monkeypatch.setenv("RENQ_READY_DIR", str(tmp_path))
 
-    def warm_with_a_query() -> None:
+    def warm_with_a_query() -> list[str]:
         list(Service.objects.all())  # as the warm-up reads the services it loads
+        return []
 
     monkeypatch.setattr(tasks, "warm_engines_for_consumed_queues", warm_with_a_query)
     monkeypatch.setattr(tasks, "keep_off_model_cores", lambda: None)

@@ -84,29 +84,31 @@ def test_the_ready_file_is_written_atomically(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == [ready_file(state["pid"]).name]
 
 
-def test_a_starting_pool_process_is_not_ready_on_an_earlier_processs_file(
-    tmp_path, monkeypatch
-):
+def test_a_starting_pool_process_is_ready_only_once_it_can_serve(tmp_path, monkeypatch):
     """Pids are reused (a restarted container counts from 1 again): a ready file left by an
     earlier process of the same pid must be gone before this one loads its models, or the
-    probe would call a worker warm that is still loading."""
+    probe would call a worker warm that is still loading. Its own file comes last, after the
+    start's garbage collection."""
     from inference import tasks
     from inference.workers.readiness import mark_process_ready
 
     monkeypatch.setenv("RENQ_READY_DIR", str(tmp_path))
     mark_process_ready(failed=[])  # what the earlier process of this pid left
-    seen_while_loading = []
+    ready_when: dict[str, bool] = {}
 
-    def warm() -> None:
-        seen_while_loading.append(ready_file(os.getpid()).exists())
-        mark_process_ready(failed=[])
+    def warm() -> list[str]:
+        ready_when["loading"] = ready_file(os.getpid()).exists()
+        return ["llm"]
+
+    def freeze() -> None:
+        ready_when["collecting"] = ready_file(os.getpid()).exists()
 
     monkeypatch.setattr(tasks, "warm_engines_for_consumed_queues", warm)
     monkeypatch.setattr(tasks, "keep_off_model_cores", lambda: None)
     monkeypatch.setattr(tasks, "consumed_realtime_queues", lambda: [])
-    monkeypatch.setattr(tasks, "freeze_startup_objects", lambda: None)
+    monkeypatch.setattr(tasks, "freeze_startup_objects", freeze)
     tasks._warm_worker_process()
-    assert seen_while_loading == [False]
-    assert ready_file(os.getpid()).exists()  # its own warm-up's file
+    assert ready_when == {"loading": False, "collecting": False}
+    assert json.loads(ready_file(os.getpid()).read_text())["failed"] == ["llm"]
     tasks._forget_readiness()
     assert not ready_file(os.getpid()).exists()  # a stopped process leaves none
