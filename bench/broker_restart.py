@@ -8,24 +8,23 @@ how many succeeded and expired.
 
 Stops the machine's real RabbitMQ: run it by hand, never beside tests.
 
-    .venv/bin/python bench/broker_restart.py LABEL   # writes /tmp/renq-broker-restart/LABEL
+    .venv/bin/python bench/broker_restart.py LABEL   # /tmp/renq-broker-restart/LABEL, logs in .run/
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.client
 import json
-import os
-import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from pathlib import Path
 
 SECONDS, CUT_AT_S, DOWN_S = 40.0, 12.0, 4.0
+TIERS = ("realtime", "api", "batch", "offline")
 FLOOD_CLIENTS = 4
 QUIET_PAUSE_S = 0.5
 SETTLE_S = 60.0
@@ -59,35 +58,16 @@ def main() -> None:
         return made.stdout.strip().splitlines()[-1].split()[-1]
 
     keys = {name: tenant(f"br{args.label}{name}{run}") for name in ("floodA", "floodB", "quiet")}
-    celery = [str(venv / "celery"), "-A", "renq_site", "worker", "-l", "info"]
-    commands = {
-        "web": [str(venv / "gunicorn"), "renq_site.asgi:application", "-k",
-                "uvicorn_worker.UvicornWorker", "-b", "127.0.0.1:8000", "-w", "2"],
-        "gpu": [*celery, "--concurrency", "1", "-n", f"embedding{run}@%h",
-                "-Q", "embedding.realtime,embedding.api,embedding.batch,embedding.offline"],
-        "control": [*celery, "-n", f"control{run}@%h", "--pool", "threads",
-                    "--concurrency", "4", "-Q", "renq.control", "-B"],
-    }  # fmt: skip
-    processes = [
-        subprocess.Popen(
-            argv,
-            cwd=repo,
-            stdout=open(out / f"{name}.log", "w"),  # noqa: SIM115 - the child keeps it
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        for name, argv in commands.items()
-    ]
-    try:
+    # That checkout's process starter: the processes run its code, as `make web`, `make worker`
+    # and the README's control worker start them (logs under its .run/).
+    sys.path.insert(0, str(repo / "scripts"))
+    from processes import CONTROL_WORKER_OPTIONS, ProcessGroup
+
+    with ProcessGroup() as group:
+        group.web(8000)
+        group.worker(f"embedding{run}", [f"embedding.{tier}" for tier in TIERS])
+        group.worker(f"control{run}", ["renq.control"], beat=True, extra=CONTROL_WORKER_OPTIONS)
         summary = _load_through_a_restart(keys)
-    finally:
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-        time.sleep(3)
-        for process in processes:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
     summary["label"] = args.label
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps({k: v for k, v in summary.items() if k != "by_second"}, indent=1))
@@ -106,7 +86,6 @@ def _load_through_a_restart(keys: dict[str, str]) -> dict:
     waited = time.monotonic()
     while not _ready() and time.monotonic() - waited < 90:
         time.sleep(0.5)
-    time.sleep(8)  # the pool process loads its model
     answers: list[tuple[str, int, str | None]] = []
     lock = threading.Lock()
     started = time.time()

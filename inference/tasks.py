@@ -176,8 +176,8 @@ def _warm_worker_process(**_kwargs) -> None:
     _runner.head_starts.listen(consumed_realtime_queues())
     # The engines loaded above live as long as the process.
     freeze_startup_objects()
-    # Last: the readiness probe calls the process warm once it can serve at once (the
-    # collection above takes a few hundred ms with a model loaded).
+    # Last: the readiness probe calls the process warm once it can serve at once, after the
+    # collection above has walked everything the models loaded.
     mark_process_ready(failed=failed)
 
 

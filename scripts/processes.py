@@ -96,7 +96,8 @@ class ProcessGroup:
         ]
         if beat:
             argv.append("-B")
-        argv += extra or []
+        extra = extra or []
+        argv += extra
         env = {"RENQ_TORCH_THREADS": str(threads)} if threads else None
         started = time.time()
         log = self.start(name, argv, env)
@@ -104,8 +105,8 @@ class ProcessGroup:
         # Celery says " ready." before its pool processes have loaded their models: what is
         # sent before then waits for the load (a bench would time it). Prefork pool processes
         # load them; a beat started with the worker is a child that loads none.
-        pool = (extra or [])[(extra or []).index("--pool") + 1] if "--pool" in (extra or []) else ""
-        if pool in ("", "prefork") and not beat:
+        pool = extra[extra.index("--pool") + 1] if "--pool" in extra else "prefork"
+        if pool == "prefork" and not beat:
             wait_until(
                 lambda: self._pool_warm(name, started), f"worker {name}'s models", timeout_s=120
             )
@@ -115,8 +116,6 @@ class ProcessGroup:
         """Every pool process of the worker wrote its readiness file (inference.workers.
         readiness) after `since`."""
         main = self.procs[name].pid
-        if self.procs[name].poll() is not None:
-            raise RuntimeError(f"worker {name} exited; see {RUN_DIR}/{name}.log")
         children = Path(f"/proc/{main}/task/{main}/children").read_text().split()
         ready_dir = Path(self.env.get("RENQ_READY_DIR") or RUN_DIR / "ready")
         for pid in children:
