@@ -322,6 +322,35 @@ def _closed_loop(clients: int, seconds: float, send) -> tuple[int, int, list[flo
     return answered[0], errors[0], latencies
 
 
+def model_time(jobs, since: datetime) -> dict:
+    """How the model spent a run: its passes (a pass's jobs share their started_at and its
+    inference_ms), the share of the run it was computing, the mean batch, and the gaps
+    between one pass's end and the next one's start. A model idle between passes is fed too
+    slowly: the stack's round trips, not the model, set the pace."""
+    from django.db.models import Count, Max
+
+    rows = (
+        jobs.filter(started_at__gte=since, inference_ms__isnull=False)
+        .values("started_at")
+        .annotate(ms=Max("inference_ms"), size=Count("id"))
+        .order_by()
+    )
+    passes = {row["started_at"]: row["ms"] for row in rows}
+    sizes = {row["started_at"]: row["size"] for row in rows}
+    starts = sorted(passes)
+    if len(starts) < 2:
+        return {"passes": len(starts)}
+    ends = [start.timestamp() * 1000 + passes[start] for start in starts]
+    span_ms = ends[-1] - starts[0].timestamp() * 1000
+    gaps = [nxt.timestamp() * 1000 - end for nxt, end in zip(starts[1:], ends, strict=False)]
+    return {
+        "passes": len(starts),
+        "mean_batch": round(sum(sizes.values()) / len(starts), 1),
+        "model_busy_share": round(sum(passes.values()) / span_ms, 3),
+        "gap_between_passes_ms": _summary(gaps),
+    }
+
+
 def under_load(*, quick: bool) -> dict:
     """Single-text jobs at 2 shared cores (unpinned, as the README runs it): 8 REST clients
     submitting single jobs, succeeded jobs/s against the raw model batched (the final
@@ -373,6 +402,7 @@ def under_load(*, quick: bool) -> dict:
                 "statuses": statuses,
                 "completed_jobs_s": round(succeeded_s, 1),
                 "vs_raw_batched": round(succeeded_s / raw, 3),
+                "model": model_time(jobs, datetime.fromtimestamp(started, UTC)),
             }
 
         results["rest_8_clients"] = rest_clients(honour_retry_after=False)
@@ -399,6 +429,7 @@ def under_load(*, quick: bool) -> dict:
             body = {"model": SERVICE, "input": f"v1 {nonce} {i}"}
             return poster.post("/v1/embeddings", body)[0] == 200
 
+        v1_started = datetime.now(UTC)
         answered, errors, latencies = _closed_loop(16, seconds, v1)
         results["v1_16_clients"] = {
             "answered": answered,
@@ -409,6 +440,7 @@ def under_load(*, quick: bool) -> dict:
             "total_timeout_ms": service.total_timeout * 1000,
             # Against the best of the REST runs.
             "vs_rest_8_clients": round(answered / seconds / rest_jobs_s, 3),
+            "model": model_time(jobs, v1_started),
         }
     print(f"under load: {results}", flush=True)
     return results
@@ -565,6 +597,15 @@ def run(*, quick: bool) -> dict:
     }
 
 
+def _model_row(name: str, m: dict) -> str:
+    gaps = m.get("gap_between_passes_ms") or {}
+    return (
+        f"| {name} | {m['passes']} | {m.get('mean_batch', '—')} | "
+        f"{m.get('model_busy_share', '—')} | {gaps.get('p50_ms', '—')} / "
+        f"{gaps.get('p99_ms', '—')} |"
+    )
+
+
 def report_lines(r: dict) -> list[str]:
     """The README section: overhead, the idle trace, CPU against plain Celery."""
     o, c = r["overhead"], r["cpu"]
@@ -654,6 +695,22 @@ def report_lines(r: dict) -> list[str]:
             "",
             f"16 /v1 clients against 8 REST clients (the best REST run): "
             f"**{v1['vs_rest_8_clients']}×** (target ≥ 1).",
+            "",
+            "How the model spent each run (its passes from the jobs' rows; a model idle between "
+            "passes waits on the stack):",
+            "",
+            "| run | passes | mean batch | model busy | gap between passes p50 / p99 ms |",
+            "|---|---:|---:|---:|---|",
+            *(
+                _model_row(name, run["model"])
+                for name, run in (
+                    ("8 REST, refusals retried at once", rest),
+                    ("8 REST, Retry-After waited out", u.get("rest_8_clients_retry_after")),
+                    ("8 REST, config.yaml's queue", u.get("rest_8_clients_shipped_queue")),
+                    ("16 /v1", v1),
+                )
+                if run and "model" in run
+            ),
         ]
     if "under_backlog" in r:
         b = r["under_backlog"]
