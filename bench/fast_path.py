@@ -329,24 +329,22 @@ def model_time(jobs, since: datetime) -> dict:
     slowly: the stack's round trips, not the model, set the pace."""
     from django.db.models import Count, Max
 
-    rows = (
+    passes = list(
         jobs.filter(started_at__gte=since, inference_ms__isnull=False)
         .values("started_at")
         .annotate(ms=Max("inference_ms"), size=Count("id"))
-        .order_by()
+        .order_by("started_at")
+        .values_list("started_at", "ms", "size")
     )
-    passes = {row["started_at"]: row["ms"] for row in rows}
-    sizes = {row["started_at"]: row["size"] for row in rows}
-    starts = sorted(passes)
-    if len(starts) < 2:
-        return {"passes": len(starts)}
-    ends = [start.timestamp() * 1000 + passes[start] for start in starts]
-    span_ms = ends[-1] - starts[0].timestamp() * 1000
-    gaps = [nxt.timestamp() * 1000 - end for nxt, end in zip(starts[1:], ends, strict=False)]
+    if len(passes) < 2:
+        return {"passes": len(passes)}
+    starts = [start.timestamp() * 1000 for start, _, _ in passes]
+    ends = [start + ms for start, (_, ms, _) in zip(starts, passes, strict=True)]
+    gaps = [start - end for start, end in zip(starts[1:], ends, strict=False)]
     return {
-        "passes": len(starts),
-        "mean_batch": round(sum(sizes.values()) / len(starts), 1),
-        "model_busy_share": round(sum(passes.values()) / span_ms, 3),
+        "passes": len(passes),
+        "mean_batch": round(sum(size for _, _, size in passes) / len(passes), 1),
+        "model_busy_share": round(sum(ms for _, ms, _ in passes) / (ends[-1] - starts[0]), 3),
         "gap_between_passes_ms": _summary(gaps),
     }
 
