@@ -8,16 +8,21 @@ service's own settings. The job lifecycle counts the jobs ahead and turns this i
 
 from __future__ import annotations
 
-from routing.stats import read_ewma, throughput_key, update_ewma
+from routing.stats import SampleBuffer, read_ewma, throughput_key
 
 # Prior of one batch's duration beyond batch_timeout, until a real measurement exists.
 PRIOR_BATCH_RUN_S = 0.1
+# A worker's batches reach the shared average at most this often (one round trip each time):
+# routing and scaling read it as a rate, not per batch.
+SEND_INTERVAL_S = 1.0
+_batches = SampleBuffer(SEND_INTERVAL_S)
 
 
 def record_local_batch(service_name: str, jobs: int, seconds: float) -> None:
-    """One worker ran `jobs` in `seconds` of inference: update the service's throughput."""
+    """One worker ran `jobs` in `seconds` of inference: update the service's throughput (within
+    SEND_INTERVAL_S). Raises what Redis raises."""
     if jobs > 0 and seconds > 0:
-        update_ewma(throughput_key(service_name), jobs / seconds)
+        _batches.add(throughput_key(service_name), jobs / seconds)
 
 
 def local_throughput(

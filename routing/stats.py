@@ -6,6 +6,10 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Sequence
+
 import redis
 
 from renq_site.shared_redis import shared_redis
@@ -14,13 +18,18 @@ from routing.redis_scripts import registered_script
 # Weight of the newest sample: ~10 samples dominate, so a slow spell shows within seconds.
 EWMA_ALPHA = 0.2
 
-# KEYS: hash. ARGV: sample, alpha. Atomic so concurrent workers never lose a sample.
+# KEYS: hash. ARGV: alpha, then the samples, oldest first. Atomic so concurrent workers never
+# lose a sample.
 _EWMA = """
 local cur = redis.call('HGET', KEYS[1], 'ewma')
-local x = tonumber(ARGV[1])
-if cur then x = tonumber(ARGV[2]) * x + (1 - tonumber(ARGV[2])) * tonumber(cur) end
+local alpha = tonumber(ARGV[1])
+local x = cur and tonumber(cur)
+for i = 2, #ARGV do
+  local sample = tonumber(ARGV[i])
+  if x then x = alpha * sample + (1 - alpha) * x else x = sample end
+end
 redis.call('HSET', KEYS[1], 'ewma', tostring(x))
-redis.call('HINCRBY', KEYS[1], 'samples', 1)
+redis.call('HINCRBY', KEYS[1], 'samples', #ARGV - 1)
 return tostring(x)
 """
 
@@ -30,8 +39,41 @@ def _client(client: redis.Redis | None) -> redis.Redis:
 
 
 def update_ewma(key: str, sample: float, *, client: redis.Redis | None = None) -> float:
+    return update_ewma_with(key, [sample], client=client)
+
+
+def update_ewma_with(
+    key: str, samples: Sequence[float], *, client: redis.Redis | None = None
+) -> float:
+    """Add `samples`, oldest first, to the moving average at `key`, in one round trip."""
     conn = _client(client)
-    return float(registered_script(conn, _EWMA)(keys=[key], args=[float(sample), EWMA_ALPHA]))
+    args = [EWMA_ALPHA, *(float(sample) for sample in samples)]
+    return float(registered_script(conn, _EWMA)(keys=[key], args=args))
+
+
+class SampleBuffer:
+    """One process's samples of shared moving averages, sent together at most once every
+    `interval_s` per key (a key's first at once): a statistic sampled on every batch would
+    otherwise cost every batch a Redis round trip. Samples not sent yet are this process's
+    only; a process that ends loses them, as a statistic may."""
+
+    def __init__(self, interval_s: float):
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._pending: dict[str, list[float]] = {}
+        self._sent_at: dict[str, float] = {}
+
+    def add(self, key: str, sample: float) -> None:
+        """Raises what Redis raises when it is this call that sends (the samples are lost)."""
+        now = time.monotonic()
+        with self._lock:
+            pending = self._pending.setdefault(key, [])
+            pending.append(sample)
+            if key in self._sent_at and now - self._sent_at[key] < self.interval_s:
+                return
+            del self._pending[key]
+            self._sent_at[key] = now
+        update_ewma_with(key, pending)
 
 
 def read_ewma(key: str, *, client: redis.Redis | None = None) -> float | None:

@@ -18,7 +18,9 @@ that wait.
 from __future__ import annotations
 
 import logging
+import threading
 import time
+import uuid
 from dataclasses import dataclass
 
 import redis
@@ -37,22 +39,40 @@ PRIOR_PER_BATCH_S = 0.005
 # Padding allowance when the engine does not say (inference.engines.base.Engine).
 DEFAULT_PADDING_RATIO = 0.25
 
+# KEYS[1]: the model. ARGV: the priors (per token, per batch), alpha, the epoch the
+# observations were made against ('': any), an epoch for a model made now, then each
+# observation as (elapsed_s, tokens, 'tokens' | 'batch'), oldest first. An epoch names one
+# life of the model: observations made against one that was deleted since are dropped.
 _UPDATE = """
-local h = redis.call('HMGET', KEYS[1], 'per_token_s', 'per_batch_s', 'samples')
-local per_token = tonumber(h[1] or ARGV[3])
-local per_batch = tonumber(h[2] or ARGV[4])
-local alpha = tonumber(ARGV[5])
-if ARGV[6] == 'batch' then
-  per_batch = alpha * tonumber(ARGV[1]) + (1 - alpha) * per_batch
-else
-  local sample = math.max(0, tonumber(ARGV[1]) - per_batch) / math.max(1, tonumber(ARGV[2]))
-  if h[1] then per_token = alpha * sample + (1 - alpha) * per_token else per_token = sample end
+local h = redis.call('HMGET', KEYS[1], 'per_token_s', 'per_batch_s', 'samples', 'epoch')
+local per_token = tonumber(h[1] or ARGV[1])
+local per_batch = tonumber(h[2] or ARGV[2])
+local samples = tonumber(h[3] or 0)
+local epoch = h[4]
+local alpha = tonumber(ARGV[3])
+if #ARGV > 5 and (ARGV[4] == '' or ARGV[4] == epoch) then
+  local measured = h[1]
+  for i = 6, #ARGV, 3 do
+    local elapsed = tonumber(ARGV[i])
+    if ARGV[i + 2] == 'batch' then
+      per_batch = alpha * elapsed + (1 - alpha) * per_batch
+    else
+      local sample = math.max(0, elapsed - per_batch) / math.max(1, tonumber(ARGV[i + 1]))
+      if measured then per_token = alpha * sample + (1 - alpha) * per_token
+      else per_token = sample end
+    end
+    measured = true
+  end
+  epoch = epoch or ARGV[5]
+  redis.call('HSET', KEYS[1], 'per_token_s', tostring(per_token), 'per_batch_s',
+             tostring(per_batch), 'epoch', epoch)
+  samples = redis.call('HINCRBY', KEYS[1], 'samples', (#ARGV - 5) / 3)
 end
-redis.call('HSET', KEYS[1], 'per_token_s', tostring(per_token), 'per_batch_s',
-           tostring(per_batch))
-local samples = redis.call('HINCRBY', KEYS[1], 'samples', 1)
-return {tostring(per_token), tostring(per_batch), samples}
+return {tostring(per_token), tostring(per_batch), samples, epoch or ''}
 """
+
+# One observation: (elapsed_s, tokens, "tokens" for a batch's pass, "batch" for the warm-up's).
+Observation = tuple[float, int, str]
 
 
 @dataclass(frozen=True)
@@ -69,11 +89,65 @@ class BatchCost:
         spare = max(0.0, budget_s - self.per_batch_s)
         return int(spare / (self.per_token_s * (1 + padding_ratio))) if self.per_token_s else 0
 
+    def observed(self, elapsed_s: float, tokens: int, which: str) -> BatchCost:
+        """This model after one more observation: the script's arithmetic (_UPDATE)."""
+        if which == "batch":
+            per_batch = EWMA_ALPHA * elapsed_s + (1 - EWMA_ALPHA) * self.per_batch_s
+            return BatchCost(self.per_token_s, per_batch, self.samples + 1)
+        sample = max(0.0, elapsed_s - self.per_batch_s) / max(1, tokens)
+        per_token = (
+            EWMA_ALPHA * sample + (1 - EWMA_ALPHA) * self.per_token_s if self.samples else sample
+        )
+        return BatchCost(per_token, self.per_batch_s, self.samples + 1)
+
+
+class _Unsent:
+    """A process's observations not sent yet, by model key, with when each key's were last
+    sent and the epoch of the model they were made against: shared by the BatchCostModels of
+    the process (a worker makes one per task)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._observations: dict[str, list[Observation]] = {}
+        self._sent_at: dict[str, float] = {}
+        self._epochs: dict[str, str] = {}
+
+    def add(self, key: str, observation: Observation, interval_s: float) -> bool:
+        """Keep `observation`; True when the key's are due to be sent (none was sent within
+        `interval_s`)."""
+        with self._lock:
+            self._observations.setdefault(key, []).append(observation)
+            sent_at = self._sent_at.get(key)
+            return sent_at is None or time.monotonic() - sent_at >= interval_s
+
+    def kept(self, key: str) -> list[Observation]:
+        with self._lock:
+            return list(self._observations.get(key, ()))
+
+    def take(self, key: str) -> tuple[list[Observation], str]:
+        """The key's observations, to send now, and the epoch they were made against."""
+        with self._lock:
+            self._sent_at[key] = time.monotonic()
+            return self._observations.pop(key, []), self._epochs.get(key, "")
+
+    def seen(self, key: str, epoch: str) -> None:
+        """The model is at `epoch` now: what was observed against another one is dropped."""
+        with self._lock:
+            if self._epochs.get(key, epoch) != epoch:
+                self._observations.pop(key, None)
+            self._epochs[key] = epoch
+
+
+_unsent = _Unsent()
+
 
 class BatchCostModel:
     """`reuse_s`: how long one read of the model is reused (the worker loop reads it twice a
-    batch, and a Redis round trip each would sit on an idle realtime job's path). Its own
-    observations refresh it at once; other workers' within `reuse_s`."""
+    batch, and a Redis round trip each would sit on an idle realtime job's path). The
+    process's own observations are in its predictions at once and reach Redis together at
+    most once per `reuse_s` (a round trip per batch was one per idle realtime request);
+    other workers' are seen within `reuse_s`. With `reuse_s` 0, each read and each
+    observation is a round trip."""
 
     def __init__(
         self,
@@ -99,12 +173,16 @@ class BatchCostModel:
             stored = self.redis.hgetall(self.key)
         except redis.RedisError:
             stored = {}
+        else:
+            _unsent.seen(self.key, stored.get(b"epoch", b"").decode())
         cost = BatchCost(
             per_token_s=float(stored.get(b"per_token_s", PRIOR_PER_TOKEN_S)),
             per_batch_s=float(stored.get(b"per_batch_s", PRIOR_PER_BATCH_S)),
             samples=int(stored.get(b"samples", 0)),
         )
         if self.reuse_s > 0:
+            for observation in _unsent.kept(self.key):  # this process's, not sent yet
+                cost = cost.observed(*observation)
             self._read = (time.monotonic(), cost)
         return cost
 
@@ -120,27 +198,41 @@ class BatchCostModel:
         return {device: cls(service_name, device).current() for device in sorted(devices)}
 
     def observe_batch(self, elapsed_s: float, tokens: int) -> None:
-        self._update(elapsed_s, tokens, "tokens")
+        self._observe((elapsed_s, tokens, "tokens"))
 
     def observe_overhead(self, elapsed_s: float) -> None:
         """A tiny batch (the warm-up pass): nearly all of it is per-batch overhead."""
-        self._update(elapsed_s, 0, "batch")
+        self._observe((elapsed_s, 0, "batch"))
 
-    def _update(self, elapsed_s: float, tokens: int, which: str) -> None:
-        self._read = None
+    def _observe(self, observation: Observation) -> None:
+        if self.reuse_s <= 0:
+            self._read = None
+            self._send([observation], "")
+        elif _unsent.add(self.key, observation, self.reuse_s):
+            self._send(*_unsent.take(self.key))
+        elif self._read is not None:
+            self._read = (self._read[0], self._read[1].observed(*observation))
+
+    def _send(self, observations: list[Observation], epoch: str) -> BatchCost | None:
+        """Add `observations` (made against `epoch`) to the stored model in one round trip;
+        returns the model stored now (None: Redis could not be reached, and they are lost)."""
+        args: list = [PRIOR_PER_TOKEN_S, PRIOR_PER_BATCH_S, EWMA_ALPHA, epoch, uuid.uuid4().hex]
+        for observation in observations:
+            args.extend(observation)
         try:
-            per_token_s, per_batch_s, samples = registered_script(self.redis, _UPDATE)(
-                keys=[self.key],
-                args=[elapsed_s, tokens, PRIOR_PER_TOKEN_S, PRIOR_PER_BATCH_S, EWMA_ALPHA, which],
-            )
+            per_token_s, per_batch_s, samples, stored_epoch = registered_script(
+                self.redis, _UPDATE
+            )(keys=[self.key], args=args)
         except redis.RedisError:
             # A statistic: a lost sample must not cost a batch its results.
             logger.warning("could not update the batch cost model %s", self.key, exc_info=True)
-            return
+            return None
+        _unsent.seen(self.key, stored_epoch.decode())
+        cost = BatchCost(float(per_token_s), float(per_batch_s), int(samples))
         if self.reuse_s > 0:
             # The script answers with what it stored: the next read needs no round trip.
-            cost = BatchCost(float(per_token_s), float(per_batch_s), int(samples))
             self._read = (time.monotonic(), cost)
+        return cost
 
 
 # The batch former aims non-realtime passes at this fraction of the preemption budget: the
