@@ -9,11 +9,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
+from typing import Generic, TypeVar
 
 import redis
 
 from renq_site.shared_redis import shared_redis
 from routing.redis_scripts import registered_script
+
+T = TypeVar("T")
 
 # Weight of the newest sample: ~10 samples dominate, so a slow spell shows within seconds.
 EWMA_ALPHA = 0.2
@@ -51,29 +54,50 @@ def update_ewma_with(
     return float(registered_script(conn, _EWMA)(keys=[key], args=args))
 
 
+class KeptSamples(Generic[T]):
+    """One process's samples of shared statistics, kept back per key and handed over together
+    at most once every `interval_s` (a key's first at once): a statistic sampled on every
+    batch would otherwise cost every batch a Redis round trip. Samples not handed over are
+    this process's only; a process that ends loses them, as a statistic may."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._kept: dict[str, list[T]] = {}
+        self._sent_at: dict[str, float] = {}
+
+    def add(self, key: str, sample: T, interval_s: float) -> list[T]:
+        """Keep `sample`; the key's samples, oldest first, when they are due to be sent (the
+        caller sends them), else none."""
+        now = time.monotonic()
+        with self._lock:
+            self._kept.setdefault(key, []).append(sample)
+            sent_at = self._sent_at.get(key)
+            if sent_at is not None and now - sent_at < interval_s:
+                return []
+            self._sent_at[key] = now
+            return self._kept.pop(key)
+
+    def kept(self, key: str) -> list[T]:
+        with self._lock:
+            return list(self._kept.get(key, ()))
+
+    def drop(self, key: str) -> None:
+        with self._lock:
+            self._kept.pop(key, None)
+
+
 class SampleBuffer:
-    """One process's samples of shared moving averages, sent together at most once every
-    `interval_s` per key (a key's first at once): a statistic sampled on every batch would
-    otherwise cost every batch a Redis round trip. Samples not sent yet are this process's
-    only; a process that ends loses them, as a statistic may."""
+    """Samples of moving averages (update_ewma), sent as KeptSamples hands them over."""
 
     def __init__(self, interval_s: float):
         self.interval_s = interval_s
-        self._lock = threading.Lock()
-        self._pending: dict[str, list[float]] = {}
-        self._sent_at: dict[str, float] = {}
+        self._samples: KeptSamples[float] = KeptSamples()
 
     def add(self, key: str, sample: float) -> None:
         """Raises what Redis raises when it is this call that sends (the samples are lost)."""
-        now = time.monotonic()
-        with self._lock:
-            pending = self._pending.setdefault(key, [])
-            pending.append(sample)
-            if key in self._sent_at and now - self._sent_at[key] < self.interval_s:
-                return
-            del self._pending[key]
-            self._sent_at[key] = now
-        update_ewma_with(key, pending)
+        due = self._samples.add(key, sample, self.interval_s)
+        if due:
+            update_ewma_with(key, due)
 
 
 def read_ewma(key: str, *, client: redis.Redis | None = None) -> float | None:

@@ -18,7 +18,6 @@ that wait.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import redis
 
 from renq_site.shared_redis import shared_redis
 from routing.redis_scripts import registered_script
+from routing.stats import KeptSamples
 
 logger = logging.getLogger(__name__)
 
@@ -101,51 +101,23 @@ class BatchCost:
         return BatchCost(per_token, self.per_batch_s, self.samples + 1)
 
 
-class _Unsent:
-    """A process's observations not sent yet, by model key, with when each key's were last
-    sent and the epoch of the model they were made against: shared by the BatchCostModels of
-    the process (a worker makes one per task)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._observations: dict[str, list[Observation]] = {}
-        self._sent_at: dict[str, float] = {}
-        self._epochs: dict[str, str] = {}
-
-    def add(self, key: str, observation: Observation, interval_s: float) -> bool:
-        """Keep `observation`; True when the key's are due to be sent (none was sent within
-        `interval_s`)."""
-        with self._lock:
-            self._observations.setdefault(key, []).append(observation)
-            sent_at = self._sent_at.get(key)
-            return sent_at is None or time.monotonic() - sent_at >= interval_s
-
-    def kept(self, key: str) -> list[Observation]:
-        with self._lock:
-            return list(self._observations.get(key, ()))
-
-    def take(self, key: str) -> tuple[list[Observation], str]:
-        """The key's observations, to send now, and the epoch they were made against."""
-        with self._lock:
-            self._sent_at[key] = time.monotonic()
-            return self._observations.pop(key, []), self._epochs.get(key, "")
-
-    def seen(self, key: str, epoch: str) -> None:
-        """The model is at `epoch` now: what was observed against another one is dropped."""
-        with self._lock:
-            if self._epochs.get(key, epoch) != epoch:
-                self._observations.pop(key, None)
-            self._epochs[key] = epoch
+# This process's observations not sent yet, shared by its BatchCostModels (a worker makes one
+# per task), and the epoch of each model as last seen: what was kept against another is dropped.
+_unsent: KeptSamples[Observation] = KeptSamples()
+_epochs: dict[str, str] = {}
 
 
-_unsent = _Unsent()
+def _seen(key: str, epoch: str) -> None:
+    if _epochs.get(key, epoch) != epoch:
+        _unsent.drop(key)
+    _epochs[key] = epoch
 
 
 class BatchCostModel:
     """`reuse_s`: how long one read of the model is reused (the worker loop reads it twice a
     batch, and a Redis round trip each would sit on an idle realtime job's path). The
     process's own observations are in its predictions at once and reach Redis together at
-    most once per `reuse_s` (a round trip per batch was one per idle realtime request);
+    most once per `reuse_s` (a round trip per batch would be one per idle realtime request);
     other workers' are seen within `reuse_s`. With `reuse_s` 0, each read and each
     observation is a round trip."""
 
@@ -174,7 +146,7 @@ class BatchCostModel:
         except redis.RedisError:
             stored = {}
         else:
-            _unsent.seen(self.key, stored.get(b"epoch", b"").decode())
+            _seen(self.key, stored.get(b"epoch", b"").decode())
         cost = BatchCost(
             per_token_s=float(stored.get(b"per_token_s", PRIOR_PER_TOKEN_S)),
             per_batch_s=float(stored.get(b"per_batch_s", PRIOR_PER_BATCH_S)),
@@ -208,8 +180,8 @@ class BatchCostModel:
         if self.reuse_s <= 0:
             self._read = None
             self._send([observation], "")
-        elif _unsent.add(self.key, observation, self.reuse_s):
-            self._send(*_unsent.take(self.key))
+        elif due := _unsent.add(self.key, observation, self.reuse_s):
+            self._send(due, _epochs.get(self.key, ""))
         elif self._read is not None:
             self._read = (self._read[0], self._read[1].observed(*observation))
 
@@ -227,7 +199,7 @@ class BatchCostModel:
             # A statistic: a lost sample must not cost a batch its results.
             logger.warning("could not update the batch cost model %s", self.key, exc_info=True)
             return None
-        _unsent.seen(self.key, stored_epoch.decode())
+        _seen(self.key, stored_epoch.decode())
         cost = BatchCost(float(per_token_s), float(per_batch_s), int(samples))
         if self.reuse_s > 0:
             # The script answers with what it stored: the next read needs no round trip.

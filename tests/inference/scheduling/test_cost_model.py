@@ -37,8 +37,8 @@ def test_its_own_observation_is_read_back_without_a_round_trip():
 
 
 def test_a_worker_predicts_with_its_batches_at_once_and_sends_them_together():
-    # A round trip per batch was one per idle realtime request: a worker process's batches
-    # reach Redis at most once per reuse_s, and its predictions use each one at once.
+    # A round trip per batch would be one per idle realtime request: a worker process's
+    # batches reach Redis at most once per reuse_s, and its predictions use each one at once.
     loop = BatchCostModel("svc-batched", "cpu", reuse_s=0.05)
     other_worker = BatchCostModel("svc-batched", "cpu")
     loop.observe_batch(1.0, 100)  # the process's first: sent at once
