@@ -319,6 +319,10 @@ class Job(models.Model):
         null=True, blank=True, help_text="When it was given up on and sent to renq.dead."
     )
 
+    # Not stored: its submitter offered its head start, and answers the worker that took it
+    # (inference.dispatch.handover).
+    head_start_offered = False
+
     # Every status change goes through the state machine (inference.jobs.transitions).
     objects = JobQuerySet.as_manager()
 

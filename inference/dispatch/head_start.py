@@ -7,12 +7,13 @@ before it commits the job; an idle GPU worker of that queue pops it and starts t
 (inference.workers.gpu.early_pass). The front doors that choose their jobs' ids themselves (the
 OpenAI one, and a REST `POST ?wait=`) offer sooner still when they can from what their process
 has cached: from the event loop, while the submission goes to its database or request thread
-(offer_in_background). The message still decides, as for any early pass: the outcome counts
-only when the job's own message reaches that worker, its claim returns the job and its first
-batch is that job alone, whole and with the input the pass ran on; otherwise the pass is
-dropped. An offer is a head start, not a delivery: one lost, late or never taken costs the job
-nothing, and a job that is never committed (or refused, or served at another tier) leaves only
-a pass nobody adopts.
+(offer_in_background). Their submit answers the worker that took the offer, and may hand it
+the job instead of publishing it (inference.dispatch.handover). Otherwise the message decides,
+as for any early pass: the outcome counts only when the job's own message reaches that worker,
+its claim returns the job and its first batch is that job alone, whole and with the input the
+pass ran on; otherwise the pass is dropped. Either way the claim decides. An offer is a head
+start, not a delivery: one lost, late or never taken costs the job nothing, and a job that is
+never committed (or refused, or served at another tier) leaves only a pass nobody adopts.
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class Offer:
     queue: str
     carried: str  # the job's input, JSON, as its message carries it (INPUT_HEADER)
     offered_at: float  # time.time() at the web
+    # Its submitter answers whoever takes it (inference.dispatch.handover): the job may be
+    # handed over to that worker instead of published.
+    answered: bool = False
 
     @property
     def age_s(self) -> float:
@@ -57,10 +61,13 @@ def offer_key(queue: str) -> str:
     return f"{OFFER_PREFIX}{queue}"
 
 
-def _queue_offer(pipe, queue: str, job_id: str, carried: str) -> None:
+def _queue_offer(pipe, queue: str, job_id: str, carried: str, *, answered: bool) -> None:
     """The offer's commands, on a pipeline (redis-py's or its asyncio twin's)."""
     key = offer_key(queue)
-    pipe.lpush(key, json.dumps({"job": job_id, "input": carried, "at": time.time()}))
+    fields = {"job": job_id, "input": carried, "at": time.time()}
+    if answered:
+        fields["answered"] = True
+    pipe.lpush(key, json.dumps(fields))
     pipe.ltrim(key, 0, MAX_OFFERS_KEPT - 1)
     pipe.pexpire(key, OFFER_TTL_MS)
 
@@ -75,7 +82,7 @@ def offer_head_start(job: Job) -> None:
     if target.task != RUN_JOB_TASK:
         return  # a cloud call has no forward pass to start
     pipe = shared_redis().pipeline(transaction=False)
-    _queue_offer(pipe, target.queue, str(job.pk), carried)
+    _queue_offer(pipe, target.queue, str(job.pk), carried, answered=False)
     try:
         pipe.execute()
     except redis.RedisError:
@@ -96,6 +103,7 @@ def take_offer(client: redis.Redis, queues: Sequence[str], timeout_s: int) -> Of
             queue=key.decode()[len(OFFER_PREFIX) :],
             carried=str(fields["input"]),
             offered_at=float(fields["at"]),
+            answered=bool(fields.get("answered", False)),
         )
     except (ValueError, KeyError, TypeError):
         logger.warning("unreadable head-start offer on %s", key)
@@ -112,7 +120,8 @@ def offer_in_background(
     """The same offer from a front door's event loop, for a job whose queue and input it knows
     before its submission runs (the hop to a database thread or request lane, authentication
     and admission then overlap the pass too): a task of the running loop, held until it ends.
-    Best effort, as offer_head_start."""
+    The submit must say so (`head_start_offered`): it answers the offer's taker. Best effort,
+    as offer_head_start."""
     task = asyncio.ensure_future(_offer(client, queue, job_id, carried))
     _offering.add(task)
     task.add_done_callback(_offering.discard)
@@ -120,7 +129,7 @@ def offer_in_background(
 
 async def _offer(client: redis.asyncio.Redis, queue: str, job_id: str, carried: str) -> None:
     pipe = client.pipeline(transaction=False)
-    _queue_offer(pipe, queue, job_id, carried)
+    _queue_offer(pipe, queue, job_id, carried, answered=True)
     try:
         await pipe.execute()
     except (redis.RedisError, OSError):

@@ -28,12 +28,13 @@ from kombu import Connection
 from opentelemetry.trace import SpanKind
 
 from inference.config.plans import plan_weight
-from inference.dispatch import fair_share, queues
+from inference.dispatch import fair_share, handover, queues
 from inference.jobs.kinds import kind_of
 from inference.jobs.tiers import Tier
 from inference.models import Job, JobStatus, Service, Tenant
 from renq_site import tracing
 from renq_site.celery import app
+from renq_site.shared_redis import shared_redis
 from routing.backends import Placement
 
 logger = logging.getLogger(__name__)
@@ -342,15 +343,23 @@ def publish_many(
     Should Postgres not take the hold, the message goes out at the released work's level:
     a job counted as published must have a message somewhere.
 
+    A submission's realtime job whose head start an idle worker took is handed over to that
+    worker instead (inference.dispatch.handover) when its tenant has no work ahead of the
+    queue's virtual time: it is charged and takes its turn at once, and gets no message.
+
     `commit_unknown`: the connection broke under the jobs' COMMIT, which may still be under
-    way; nothing is held (a hold could miss rows not yet committed)."""
+    way; nothing is held (a hold could miss rows not yet committed) nor handed over."""
     jobs = list(jobs)
     sent: list = []
     held: list[tuple[Destination, list[Job], float]] = []
     messages = _messages(jobs)
     holding = counted_on and not commit_unknown
     tags = [None] * len(messages) if charged else _fair_tags(messages, holding=holding)
+    handed = _hand_over_taken(messages, tags) if holding else set()
     for (target, group), tag in zip(messages, tags, strict=True):
+        if group[0].pk in handed:
+            sent.append(group[0].pk)
+            continue
         if tag is not None and tag.held:
             held.append((target, group, tag.start))
             continue
@@ -377,6 +386,33 @@ def publish_many(
     elif sent:
         Job.objects.filter(pk__in=sent).mark_published()
     return len(sent)
+
+
+def _hand_over_taken(
+    messages: list[tuple[Destination, list[Job]]], tags: list[fair_share.Tag | None]
+) -> set[uuid.UUID]:
+    """The jobs handed over to the worker that took their head start (handover), each
+    message of one job whose submitter offered it (`head_start_offered`). A worker may serve
+    a job whose tag is at the top level (its tenant has no work ahead of the virtual time,
+    which then moves to its start, as a worker's take moves it); one further ahead goes
+    through its queue. Returns their ids."""
+    servable: dict[str, bool] = {}
+    starts: dict[str, tuple[str, float | None]] = {}
+    for (target, group), tag in zip(messages, tags, strict=True):
+        job = group[0]
+        if len(group) > 1 or target.task != RUN_JOB_TASK or not job.head_start_offered:
+            continue
+        servable[str(job.pk)] = (
+            tag is not None and not tag.held and tag.priority == queues.MAX_PRIORITY
+        )
+        starts[str(job.pk)] = (target.queue, tag.start if tag is not None else None)
+    handed = handover.answer_takers(shared_redis(), servable)
+    taken: dict[str, float | None] = {}
+    for job_id in handed:
+        queue, start = starts[job_id]
+        taken[queue] = max(start or 0.0, taken.get(queue) or 0.0)
+    fair_share.advance(taken)
+    return {uuid.UUID(job_id) for job_id in handed}
 
 
 def _hold_back(held: list[tuple[Destination, list[Job], float]]) -> bool:
@@ -532,6 +568,9 @@ def _messages(jobs: Sequence[Job]) -> list[tuple[Destination, list[Job]]]:
         target = destination(job)
         if target.task != RUN_JOB_TASK:
             messages.append((target, [job]))  # one per job: cloud calls
+            continue
+        if job.head_start_offered:
+            messages.append((target, [job]))  # its own: it may be handed over (handover)
             continue
         # One tenant's jobs to a message: the fair share charges a message to its tenant.
         key = (target.queue, job.tenant_id)

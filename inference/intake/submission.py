@@ -439,7 +439,7 @@ def _new_job(tenant: Tenant, request: JobRequest, now, idempotency_key: str, dig
             )
         else:
             deadline_at = now + timedelta(milliseconds=request.deadline_ms)
-    return _job_rows.build(
+    job = _job_rows.build(
         tenant,
         service,
         tier=request.tier,
@@ -454,6 +454,10 @@ def _new_job(tenant: Tenant, request: JobRequest, now, idempotency_key: str, dig
         idempotency_key=idempotency_key,
         **({"id": request.job_id} if request.job_id is not None else {}),
     )
+    # Only a job served in the tier it was offered at may be handed over (the offer went to
+    # the realtime queue's workers).
+    job.head_start_offered = request.head_start_offered and request.tier == Tier.REALTIME
+    return job
 
 
 def _cached_answer(tenant: Tenant, request: JobRequest, digest: str, now) -> Job | None:

@@ -5,10 +5,11 @@ A worker given a realtime message that carries its job's input (`INPUT_HEADER`) 
 pass at once and claims beside it, so the claim's round trip and the forming of the batch
 overlap the model instead of preceding it. An idle worker also takes head starts
 (inference.dispatch.head_start): the web offers a realtime job's input before its commit, and
-the pass then runs while the INSERT, the publish and the delivery are under way. The claim
-still decides: only a job it hands this worker, and that the loop then runs alone and whole on
-the input the pass ran on, has the pass's outcome announced and stored; any other outcome is
-dropped, as a duplicate message's job is.
+the pass then runs while the INSERT, the publish and the delivery are under way; when its
+submitter hands the job over (inference.dispatch.handover), this worker claims it without a
+message at all. The claim still decides: only a job it hands this worker, and that the loop
+then runs alone and whole on the input the pass ran on, has the pass's outcome announced and
+stored; any other outcome is dropped, as a duplicate message's job is.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
@@ -27,6 +28,7 @@ import redis
 from django.conf import settings
 from django.db import close_old_connections
 
+from inference.dispatch import handover
 from inference.dispatch.head_start import MAX_OFFER_AGE_S, Offer, take_offer
 from inference.engines import load_engine
 from inference.intake.lookups import active_service_of_queue
@@ -43,6 +45,10 @@ logger = logging.getLogger(__name__)
 
 # How long an offer that comes while a run is under way waits for it to end.
 RUN_END_WAIT_S = 0.01
+# How long a worker that took an offer waits for its submitter's answer (the job's commit
+# comes first): past it the job goes the message's way. A submit refused or answered from
+# the cache never answers.
+ANSWER_WAIT_S = 0.2
 # How long one wait for a head-start offer blocks, and the pause after Redis failed.
 OFFER_WAIT_S = 5
 REDIS_RETRY_S = 1.0
@@ -130,10 +136,13 @@ def start_early_pass(
 class HeadStarts:
     """The head starts one worker process takes: a thread waits for offers for its realtime
     queues and, while no run is under way and the model thread is free, starts the offered
-    job's pass. The next run adopts it when its seed is that job; otherwise it is dropped."""
+    job's pass. When its submitter answers and hands the job over (handover), `serve` runs it
+    on this thread; otherwise the next run adopts it when its seed is that job, or it is
+    dropped."""
 
-    def __init__(self, model_thread: ModelThread):
+    def __init__(self, model_thread: ModelThread, serve: Callable[[EarlyPass], object]):
         self._model_thread = model_thread
+        self._serve = serve
         self._lock = threading.Condition()
         self._running = False
         self._started: EarlyPass | None = None
@@ -163,9 +172,10 @@ class HeadStarts:
             self._running = False
             self._lock.notify_all()
 
-    def offered(self, offer: Offer) -> EarlyPass | None:
+    def offered(self, offer: Offer, client: redis.Redis | None = None) -> EarlyPass | None:
         """Start the offered job's pass if this process is idle, or a run under way ends within
-        RUN_END_WAIT_S; the pass started, or None."""
+        RUN_END_WAIT_S; the pass started, or None. With `client` and an offer its submitter
+        answers, the job is taken (handover): handed over, it is served here and now."""
         if offer.age_s > MAX_OFFER_AGE_S:
             return None
         with self._lock:
@@ -174,10 +184,26 @@ class HeadStarts:
             busy = self._started is not None and not self._started.future.done()
             if self._running or busy:
                 return None
-            self._started = start_early_pass(
+            early = start_early_pass(
                 self._model_thread, offer.job_id, offer.queue, offer.carried, None
             )
-            return self._started
+            taken = (
+                early is not None
+                and client is not None
+                and offer.answered
+                and handover.take(client, offer.job_id)
+            )
+            if not taken:
+                self._started = early
+                return early
+        if handover.await_answer(client, offer.job_id, ANSWER_WAIT_S):
+            self._serve(early)
+            return early
+        with self._lock:
+            # Its message is on its way: a run that has not begun yet adopts the pass.
+            if not self._running:
+                self._started = early
+        return early
 
     def _listen(self, queues: list[str]) -> None:
         client = redis.Redis.from_url(
@@ -192,7 +218,7 @@ class HeadStarts:
             if offer is None:
                 continue
             try:
-                self.offered(offer)
+                self.offered(offer, client)
             except Exception:  # noqa: BLE001 - a head start must never stop the next one
                 logger.warning("head start for job %s failed", offer.job_id, exc_info=True)
             finally:

@@ -42,7 +42,7 @@ class BatchRunner:
         self._served = served
         self._served_names: list[str] | None = None  # the -Q queues never change: read once
         self._model_thread = ModelThread()
-        self.head_starts = HeadStarts(self._model_thread)
+        self.head_starts = HeadStarts(self._model_thread, serve=self.run_handed_over)
 
     def run(
         self,
@@ -80,6 +80,21 @@ class BatchRunner:
                 if moved is not None:
                     moved.result()  # never raises: a clock that could not move is logged
 
+    def run_handed_over(self, early: EarlyPass) -> dict:
+        """Claim, run and store the job whose head start this process took and whose
+        submitter handed it over (inference.dispatch.handover): a run of that job alone, on
+        the caller's thread, with no message to ack and none pulled."""
+        with lease_keeper.holding():
+            return self._run(
+                [early.job_id],
+                seed_redelivered=False,
+                seed_tier=Tier.REALTIME,
+                seed_queue=None,
+                seed_input=None,
+                head_start=early,
+                pulling=False,
+            )
+
     def _served_services(self) -> list[str]:
         if self._served_names is None:
             self._served_names = list(self._served())
@@ -94,6 +109,7 @@ class BatchRunner:
         seed_queue: str | None,
         seed_input: str | None,
         head_start: EarlyPass | None,
+        pulling: bool = True,
     ) -> dict:
         report = BatchReport()
         worker = worker_identity()
@@ -131,7 +147,8 @@ class BatchRunner:
                     raise
             report.failed += len(seed_claim.jobs)
             return report.as_dict()
-        reader = self._readers.get(service.name) if self._readers is not None else None
+        readers = self._readers if pulling else None
+        reader = readers.get(service.name) if readers is not None else None
         if not seed_claim.jobs and (
             reader is None or getattr(engine, "supports_continuous", False)
         ):
@@ -139,14 +156,14 @@ class BatchRunner:
         if getattr(engine, "supports_continuous", False):
             # An LLM with continuous batching: jobs join its decode loop as they arrive.
             loop = GenerationLoop(
-                service, engine, reader, readers=self._readers, worker=worker, report=report
+                service, engine, reader, readers=readers, worker=worker, report=report
             )
         else:
             loop = DrainLoop(
                 service,
                 engine,
                 reader,
-                readers=self._readers,
+                readers=readers,
                 model_thread=self._model_thread,
                 worker=worker,
                 report=report,
@@ -158,8 +175,9 @@ class BatchRunner:
             )
         try:
             if isinstance(loop, DrainLoop):
-                # A head start may begin while the last outcomes are stored.
-                loop.run(early=early, on_model_free=self.head_starts.end)
+                # A head start may begin while the last outcomes are stored (a run handed
+                # over is one: the head starts' thread runs it).
+                loop.run(early=early, on_model_free=self.head_starts.end if pulling else None)
             else:
                 loop.run()
         except BaseException as exc:

@@ -10,13 +10,20 @@ import time
 import uuid
 
 import pytest
+from django.db import connections
 
+from inference.dispatch import handover
+from inference.dispatch.broker import ready_message_counts
 from inference.dispatch.head_start import MAX_OFFER_AGE_S, Offer
-from inference.dispatch.queues import tier_queue
+from inference.dispatch.queues import service_queues, tier_queue
 from inference.engines.noop import NoopEngine
+from inference.intake.submission import submit_job
 from inference.jobs.transitions import JobQuerySet
 from inference.models import Job, JobStatus
+from inference.workers.gpu import early_pass
 from inference.workers.gpu.runner import BatchRunner
+from renq_site.shared_redis import shared_redis
+from tests.conftest import purge_test_queues
 from tests.inference.workers.test_chunked_generation import NoBroker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -114,12 +121,15 @@ def test_a_cancelled_job_whose_pass_started_early_stays_cancelled(
     assert report["ran"] == 0 and report["dropped"] == 1
 
 
-def _offer(job_id, service_name: str, texts: list[str], age_s: float = 0.0) -> Offer:
+def _offer(
+    job_id, service_name: str, texts: list[str], age_s: float = 0.0, *, answered: bool = False
+) -> Offer:
     return Offer(
         job_id=str(job_id),
         queue=tier_queue(service_name, "realtime"),
         carried=json.dumps({"texts": texts}),
         offered_at=time.time() - age_s,
+        answered=answered,
     )
 
 
@@ -178,3 +188,68 @@ def test_no_head_start_during_a_run_or_from_a_stale_offer(make_tenant, make_serv
     assert runner.head_starts.offered(_offer(uuid.uuid4(), "head-start-busy", ["a"])) is None
     runner.head_starts.end()
     assert runner.head_starts.offered(_offer(uuid.uuid4(), "head-start-busy", ["a"])) is not None
+
+
+def _taking_in_background(runner: BatchRunner, offer: Offer) -> threading.Thread:
+    """The head starts' thread taking `offer`, once its mark says it is taken."""
+
+    def take() -> None:
+        try:
+            runner.head_starts.offered(offer, shared_redis())
+        finally:
+            connections.close_all()  # this thread's session, before the database is dropped
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    mark = handover.mark_key(offer.job_id)
+    for _ in range(200):
+        if shared_redis().get(mark) == handover.TAKEN:
+            return thread
+        time.sleep(0.01)
+    raise AssertionError("the offer was not taken")
+
+
+def test_a_head_start_handed_over_is_claimed_run_and_stored_by_its_taker(
+    make_tenant, make_service, forward_runs
+):
+    service = make_service("noop", name="handed-run")
+    purge_test_queues(service_queues(service.name))
+    tenant, _ = make_tenant()
+    runner = BatchRunner(NoBroker())
+    job_id = uuid.uuid4()
+    taking = _taking_in_background(runner, _offer(job_id, service.name, ["a", "b"], answered=True))
+
+    submit_job(
+        tenant=tenant,
+        service_name=service.name,
+        payload={"texts": ["a", "b"]},
+        priority="realtime",
+        job_id=job_id,
+        head_start_offered=True,
+    )
+    taking.join(timeout=10)
+
+    job = Job.objects.get(pk=job_id)
+    assert (job.status, job.result, job.attempts) == (JobStatus.SUCCEEDED, {"count": 2}, 1)
+    assert len(forward_runs) == 1  # the head start was the job's only pass
+    queue = tier_queue(service.name, "realtime")
+    assert ready_message_counts([queue]) == {queue: 0}  # and it never had a message
+
+
+def test_a_taken_head_start_never_answered_waits_for_its_message(
+    make_tenant, make_service, forward_runs, monkeypatch
+):
+    # Its submit refused it, say, or is slower than the taker waits.
+    monkeypatch.setattr(early_pass, "ANSWER_WAIT_S", 0.05)
+    job = _realtime_job(make_tenant, make_service, "handed-never")
+    runner = BatchRunner(NoBroker())
+
+    _taking_in_background(runner, _offer(job.pk, job.service.name, ["a", "b"], answered=True)).join(
+        timeout=10
+    )
+    report = _run_seed(job, None, runner)  # its message, published after all
+
+    job.refresh_from_db()
+    assert (job.status, job.result) == (JobStatus.SUCCEEDED, {"count": 2})
+    assert len(forward_runs) == 1  # the message's run adopted the head start
+    assert (report["ran"], report["batches"]) == (1, 1)
