@@ -139,7 +139,8 @@ def _at(span: dict, key: str) -> float:
 # Stage → (span whose edge starts it, edge), (span whose edge ends it, edge). The first three
 # are what the answer waits for, one after another: at idle the web offers the input to the
 # worker before its commit (the head start), so the pass runs beside the job's durable path,
-# the rest, which the answer waits for only when the claim ends after the pass.
+# the rest, which the answer waits for only when the claim ends after the pass. The dispatch
+# is the job's publish, or its handover to the worker that took its head start.
 STAGES = [
     (
         "http in → forward starts (auth, admission, the head-start offer)",
@@ -153,15 +154,15 @@ STAGES = [
         ("request", "end"),
     ),
     (
-        "beside: http in → publish (auth, admission, INSERT + commit)",
+        "beside: http in → dispatch (auth, admission, INSERT + commit)",
         ("request", "start"),
-        ("publish", "start"),
+        ("dispatch", "start"),
     ),
-    ("beside: publish + confirm", ("publish", "start"), ("publish", "end")),
+    ("beside: publish + confirm, or handover", ("dispatch", "start"), ("dispatch", "end")),
     # Delivery ends where the worker starts its claim, whatever carried the message there.
     (
-        "beside: publish → claim starts (broker, Celery's pool, the task's start)",
-        ("publish", "start"),
+        "beside: dispatch → claim starts (broker and Celery's pool, or the handover's answer)",
+        ("dispatch", "start"),
         ("claim", "start"),
     ),
     ("beside: claim", ("claim", "start"), ("claim", "end")),
@@ -173,46 +174,49 @@ STAGES = [
     ("after the answer: forward ends → stored", ("forward", "end"), ("store", "end")),
 ]
 SPAN_NAMES = {
-    "request": "POST /v1/embeddings",
-    "publish": "renq.publish",
-    "claim": "renq.claim",
-    "forward": "renq.forward",
-    "store": "renq.store",
+    "request": {"POST /v1/embeddings"},
+    "dispatch": {"renq.publish", "renq.handover"},
+    "claim": {"renq.claim"},
+    "forward": {"renq.forward"},
+    "store": {"renq.store"},
 }
+# A job's store ends after its answer: spans starting this long after the request ended are
+# still its own (the next request comes later than that).
+STORE_AFTER_ANSWER_MS = 50.0
 
 
 def stage_trace(trace_file: Path) -> dict:
-    """Each stage's p50/p99 over the traced requests. A job's trace starts at its publish
-    (the group commit's thread publishes it), so the worker's spans are found by that trace
-    and the web's request span by time: the requests were sequential, each holds the one
-    publish that happened during it."""
+    """Each stage's p50/p99 over the traced requests, each with how its job was dispatched.
+    A handed-over job's spans share no trace with its request, so every span is found by
+    time: the requests were sequential and well apart, and each role's first span that
+    starts within a request (its store, within STORE_AFTER_ANSWER_MS after) is its job's."""
     spans = [json.loads(line) for line in trace_file.read_text().splitlines() if line.strip()]
-    by_trace: dict[str, list[dict]] = defaultdict(list)
-    for span in spans:
-        by_trace[span["context"]["trace_id"]].append(span)
-    requests = [s for s in spans if s["name"] == SPAN_NAMES["request"]]
+    by_role: dict[str, list[dict]] = {
+        role: sorted((s for s in spans if s["name"] in names), key=lambda s: _at(s, "start_time"))
+        for role, names in SPAN_NAMES.items()
+    }
     stages: dict[str, list[float]] = defaultdict(list)
-    for publish in (s for s in spans if s["name"] == SPAN_NAMES["publish"]):
-        found = {"publish": publish}
-        for role in ("claim", "forward", "store"):
-            named = [
-                s for s in by_trace[publish["context"]["trace_id"]] if s["name"] == SPAN_NAMES[role]
-            ]
-            if named:
-                found[role] = named[0]
-        at = _at(publish, "start_time")
-        request = next(
-            (r for r in requests if _at(r, "start_time") <= at <= _at(r, "end_time")), None
-        )
-        if request is None or len(found) < 4:
+    dispatched: dict[str, int] = defaultdict(int)
+    for request in by_role["request"]:
+        begins, ends = _at(request, "start_time"), _at(request, "end_time")
+        found = {"request": request}
+        for role in ("dispatch", "claim", "forward", "store"):
+            until = ends + (STORE_AFTER_ANSWER_MS if role == "store" else 0.0)
+            found_span = next(
+                (s for s in by_role[role] if begins <= _at(s, "start_time") <= until), None
+            )
+            if found_span is not None:
+                found[role] = found_span
+        if len(found) < 5:
             continue
-        found["request"] = request
+        dispatched[found["dispatch"]["name"]] += 1
         for label, (first, first_edge), (last, last_edge) in STAGES:
             stages[label].append(
                 _at(found[last], f"{last_edge}_time") - _at(found[first], f"{first_edge}_time")
             )
     return {
         "requests": len(next(iter(stages.values()), [])),
+        "dispatched_by": dict(dispatched),
         "stages": {label: _summary(values) for label, values in stages.items()},
     }
 
@@ -653,7 +657,7 @@ def report_lines(r: dict) -> list[str]:
     lines += [
         "",
         f"The idle trace ({trace['requests']} /v1 requests, tracing on: every stage pays for "
-        "its spans too):",
+        f"its spans too; dispatched by {trace.get('dispatched_by', {})}):",
         "",
         "| stage | p50 ms | p99 ms |",
         "|---|---:|---:|",

@@ -406,7 +406,10 @@ def _hand_over_taken(
             tag is not None and not tag.held and tag.priority == queues.MAX_PRIORITY
         )
         starts[str(job.pk)] = (target.queue, tag.start if tag is not None else None)
-    handed = handover.answer_takers(shared_redis(), servable)
+    if not servable:
+        return set()
+    with tracing.span("renq.handover", SpanKind.PRODUCER, job_ids=list(servable)):
+        handed = handover.answer_takers(shared_redis(), servable)
     taken: dict[str, float | None] = {}
     for job_id in handed:
         queue, start = starts[job_id]

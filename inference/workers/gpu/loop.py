@@ -33,7 +33,7 @@ from inference.workers.gpu.held import PART_RUN, Held, Resume, left_unfinished
 from inference.workers.gpu.intake import Intake
 from inference.workers.gpu.model_thread import ModelThread
 from inference.workers.gpu.report import BatchReport
-from inference.workers.gpu.store_thread import OutcomeWriter
+from inference.workers.gpu.store_thread import OutcomeWriter, beside_stores
 from inference.workers.tier_reader import (
     BROKER_ERRORS,
     ReaderPool,
@@ -105,17 +105,26 @@ class DrainLoop:
         self.former.hold(held, tier)
 
     def run(
-        self, early: EarlyPass | None = None, on_model_free: Callable[[], None] | None = None
+        self,
+        early: EarlyPass | None = None,
+        on_model_free: Callable[[], None] | None = None,
+        *,
+        store_behind: bool = False,
     ) -> None:
         """`early`: the seed's pass, started before its claim (used if it forms the first
         batch alone). `on_model_free`: called once the last pass has ended, its answers are
-        out and no batch follows, before its outcomes are handed to the store thread."""
+        out and no batch follows, before its outcomes are handed to the store thread.
+        `store_behind`: return once the last outcomes are handed to the store thread, which
+        then finishes them (a run with no message to ack: its thread has other work)."""
         try:
             self._drain(early, on_model_free or (lambda: None))
         finally:
-            # The last batch's outcomes are stored and its messages acked before the task
-            # returns, or, after an error, before the unacked rest go back to their queues.
-            self.writer.written()
+            if store_behind:
+                beside_stores(self.writer.written_or_logged)
+            else:
+                # The last batch's outcomes are stored and its messages acked before the task
+                # returns, or, after an error, before the unacked rest go back to their queues.
+                self.writer.written()
 
     def _drain(self, early: EarlyPass | None, on_model_free: Callable[[], None]) -> None:
         # A realtime seed starts its pass at once: realtime work waiting beside it is pulled

@@ -175,9 +175,12 @@ class BatchRunner:
             )
         try:
             if isinstance(loop, DrainLoop):
-                # A head start may begin while the last outcomes are stored (a run handed
-                # over is one: the head starts' thread runs it).
-                loop.run(early=early, on_model_free=self.head_starts.end if pulling else None)
+                # A head start may begin while the last outcomes are stored; a run handed
+                # over runs on the head starts' thread, which takes the next one meanwhile.
+                if pulling:
+                    loop.run(early=early, on_model_free=self.head_starts.end)
+                else:
+                    loop.run(early=early, store_behind=True)
             else:
                 loop.run()
         except BaseException as exc:

@@ -7,6 +7,7 @@ is done, and at most one write is in flight.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -31,6 +32,8 @@ from inference.workers.gpu.report import BatchReport
 from renq_site import tracing
 from renq_site.db_sessions import close_old_connections_checked_once_a_second
 from routing.router import route_entries
+
+logger = logging.getLogger(__name__)
 
 # One per process, so the worker holds one more Postgres session, not one per task. Storing
 # on the loop's thread would put each store between two claims on the path to the next pass.
@@ -161,6 +164,14 @@ class OutcomeWriter:
         # Statistics after the outcomes: a job is finished before its batch is counted.
         observe_batch(storing.service, storing.outcomes)
         record_local_throughput(storing.outcomes)
+
+    def written_or_logged(self) -> None:
+        """`written`, on the store thread after the write it waits for: an error is logged
+        (a claim whose store failed lapses and is taken over)."""
+        try:
+            self.written()
+        except Exception:  # noqa: BLE001 - nobody is waiting to raise it to
+            logger.warning("could not store a batch's outcomes", exc_info=True)
 
     @staticmethod
     def _interactive_answers(service: Service, finished: list[tuple[Held, Outcome]]) -> list:

@@ -23,7 +23,7 @@ from inference.models import Job, JobStatus
 from inference.workers.gpu import early_pass
 from inference.workers.gpu.runner import BatchRunner
 from renq_site.shared_redis import shared_redis
-from tests.conftest import purge_test_queues
+from tests.conftest import purge_test_queues, wait_for_job
 from tests.inference.workers.test_chunked_generation import NoBroker
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.worker]
@@ -229,7 +229,7 @@ def test_a_head_start_handed_over_is_claimed_run_and_stored_by_its_taker(
     )
     taking.join(timeout=10)
 
-    job = Job.objects.get(pk=job_id)
+    job = wait_for_job(job_id, timeout_s=10)  # its store ends after the thread moved on
     assert (job.status, job.result, job.attempts) == (JobStatus.SUCCEEDED, {"count": 2}, 1)
     assert len(forward_runs) == 1  # the head start was the job's only pass
     queue = tier_queue(service.name, "realtime")
