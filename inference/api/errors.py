@@ -8,7 +8,7 @@ from rest_framework.exceptions import ValidationError
 from rest_framework.response import Response
 from rest_framework.views import exception_handler
 
-from inference.intake.admission import AdmissionRefused
+from inference.intake.admission import AdmissionRefused, counted_refusal
 from inference.jobs.inputs import InputError
 
 
@@ -93,7 +93,7 @@ def renq_exception_handler(exc, context):
         )
         if exc.quota:
             response.data["error"]["quota"] = exc.quota
-        return response
+        return counted_refusal(response, exc)
     response = exception_handler(exc, context)
     if response is None:
         return None

@@ -30,6 +30,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TypeVar
 
 from django.db import DatabaseError
 
@@ -45,8 +46,11 @@ from inference.intake.overdue import (
     overdue_service,
 )
 from inference.jobs.tiers import Tier
+from inference.metrics.events import observe_admission_refused
 from inference.models import Job, Service, Tenant
 from renq_site.shared_redis import shared_redis
+
+R = TypeVar("R")
 
 # Advisory-lock namespaces of the per-service queue-capacity check and the per-tenant
 # running-jobs check; (space, id) is a lock's key, and keys are taken in ascending order.
@@ -71,6 +75,16 @@ class AdmissionRefused(Exception):
 
     def __str__(self) -> str:
         return self.message
+
+
+def counted_refusal(response: R, exc: AdmissionRefused) -> R:
+    """A front door's response to `exc`, counted (renq_admission_refused_total) instead of
+    logged: a 429 or 503 with Retry-After is admission doing its work, and Django's log line
+    per error response (an ERROR per 503) flooded the log under a client's retry storm, at
+    about a tenth of the web's CPU per refusal."""
+    observe_admission_refused(exc.status_code, exc.quota)
+    response._has_been_logged = True  # django.utils.log.log_response skips it
+    return response
 
 
 @dataclass

@@ -16,6 +16,7 @@ sums them.
     renq_tenant_class_served_jobs_total{service,tier,plan}    succeeded jobs
     renq_tenant_queue_time_seconds{service,tier,tenant}, renq_tenant_served_tokens_total{...}
                                                     per tenant, RENQ_METRICS_TENANT_LABELS=true
+    renq_admission_refused_total{status,quota}      requests refused with Retry-After
 
 This module imports no models: the state machine's signals reach it through
 inference.metrics.receivers. Every recording function catches and logs its own errors: a
@@ -100,6 +101,12 @@ JOBS_FINISHED = Counter(
     "renq_jobs_finished",
     "Jobs that reached a final status: succeeded, failed, expired or cancelled, and why.",
     ["service", "tier", "status", "reason"],
+)
+ADMISSION_REFUSED = Counter(
+    "renq_admission_refused",
+    "Requests refused at admission with Retry-After (429 or 503), by the limit that refused "
+    "them (rate_limit, max_queue_size, overdue, broker, ...).",
+    ["status", "quota"],
 )
 BACKEND_ATTEMPTS = Counter(
     "renq_backend_attempts",
@@ -251,6 +258,13 @@ def record_leaving(counts: Iterable[tuple[str, str, int]], status: str, reason: 
             JOBS_FINISHED.labels(service, tier, status, reason).inc(n)
     except Exception:
         logger.exception("metrics: could not count %s jobs", status)
+
+
+def observe_admission_refused(status: int, quota: str) -> None:
+    try:
+        ADMISSION_REFUSED.labels(str(status), quota or "other").inc()
+    except Exception:
+        logger.exception("metrics: could not record a refusal")
 
 
 def observe_time_to_first_token(service_name: str, seconds: float) -> None:

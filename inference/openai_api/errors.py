@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from django.http import JsonResponse
 
-from inference.intake.admission import AdmissionRefused
+from inference.intake.admission import AdmissionRefused, counted_refusal
 from inference.jobs.inputs import InputError, UnservableJob
 
 
@@ -27,8 +27,10 @@ class OpenAIError(Exception):
         param: str | None = None,
         code: str | None = None,
         headers: Mapping[str, str] | None = None,
+        refused: AdmissionRefused | None = None,
     ):
         super().__init__(message)
+        self.refused = refused  # the admission refusal it answers
         self.status = status
         self.message = message
         self.type = type
@@ -50,7 +52,7 @@ class OpenAIError(Exception):
         response = JsonResponse(self.body(), status=self.status)
         for name, value in self.headers.items():
             response[name] = value
-        return response
+        return response if self.refused is None else counted_refusal(response, self.refused)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> OpenAIError:
@@ -98,4 +100,5 @@ def from_admission_refused(exc: AdmissionRefused) -> OpenAIError:
         type=error_type,
         code=code,
         headers={"Retry-After": str(exc.retry_after_s)},
+        refused=exc,
     )

@@ -11,6 +11,7 @@ from rest_framework.test import APIClient
 from inference.api.serializers import JobAcceptedSerializer
 from inference.intake.submission import input_digest
 from inference.jobs.vectors import split_result
+from inference.metrics.events import ADMISSION_REFUSED
 from inference.models import AuditEvent, Job, JobStatus
 
 pytestmark = pytest.mark.django_db
@@ -221,6 +222,19 @@ def test_full_queue_is_503_with_retry_after(api, make_service):
     assert response.status_code == 503
     assert int(response["Retry-After"]) >= 1
     assert Job.objects.count() == 2
+
+
+def test_a_refusal_is_counted_and_not_logged_as_an_error(api, make_service, caplog):
+    make_service("embedding", max_queue_size=1)
+    counted = ADMISSION_REFUSED.labels("503", "max_queue_size")
+    before = counted._value.get()
+
+    codes = [submit(api, service="embedding", input={"texts": ["a"]}).status_code for _ in range(3)]
+
+    assert codes == [202, 503, 503]
+    assert counted._value.get() == before + 2
+    # A flood of retries would otherwise write an ERROR line per refusal.
+    assert not [r for r in caplog.records if r.name == "django.request"]
 
 
 def test_rate_limit_is_429_with_retry_after(api, make_service, admission_clock_fixed):
