@@ -395,7 +395,8 @@ def _hand_over_taken(
     message of one job whose submitter offered it (`head_start_offered`). A worker may serve
     a job whose tag is at the top level (its tenant has no work ahead of the virtual time,
     which then moves to its start, as a worker's take moves it); one further ahead goes
-    through its queue. Returns their ids."""
+    through its queue, as does one served below realtime (past its plan's realtime cap).
+    Returns their ids."""
     servable: dict[str, bool] = {}
     starts: dict[str, tuple[str, float | None]] = {}
     for (target, group), tag in zip(messages, tags, strict=True):
@@ -403,7 +404,10 @@ def _hand_over_taken(
         if len(group) > 1 or target.task != RUN_JOB_TASK or not job.head_start_offered:
             continue
         servable[str(job.pk)] = (
-            tag is not None and not tag.held and tag.priority == queues.MAX_PRIORITY
+            (job.serving_tier or job.tier) == Tier.REALTIME
+            and tag is not None
+            and not tag.held
+            and tag.priority == queues.MAX_PRIORITY
         )
         starts[str(job.pk)] = (target.queue, tag.start if tag is not None else None)
     if not servable:

@@ -454,9 +454,7 @@ def _new_job(tenant: Tenant, request: JobRequest, now, idempotency_key: str, dig
         idempotency_key=idempotency_key,
         **({"id": request.job_id} if request.job_id is not None else {}),
     )
-    # Only a job served in the tier it was offered at may be handed over (the offer went to
-    # the realtime queue's workers).
-    job.head_start_offered = request.head_start_offered and request.tier == Tier.REALTIME
+    job.head_start_offered = request.head_start_offered
     return job
 
 

@@ -8,6 +8,7 @@ import uuid
 
 import pytest
 
+from inference.config.models import PlanPolicy
 from inference.dispatch import fair_share, handover
 from inference.dispatch.broker import ready_message_counts
 from inference.dispatch.queues import MAX_PRIORITY, service_queues, tier_queue
@@ -102,3 +103,20 @@ def test_a_taker_that_waited_in_vain_leaves_the_job_to_its_message(offered):
 
     assert ready_message_counts([queue]) == {queue: 1}
     assert client.get(handover.mark_key(str(job_id))) == b"abandoned"
+
+
+def test_a_job_served_below_realtime_is_published_and_the_taker_told_no(offered):
+    submit, _, _ = offered
+    # Past its plan's realtime cap the job is served as api: it waits in the api queue.
+    PlanPolicy.objects.create(plan="pro", tier_boost=0, weight=1.0, realtime_cap=0)
+    client = shared_redis()
+    job_id = uuid.uuid4()
+    assert handover.take(client, str(job_id))
+
+    job = submit(job_id)
+
+    assert job.tier == "api"
+    assert not handover.await_answer(client, str(job_id), timeout_s=1)
+    assert client.get(handover.mark_key(str(job_id))) == b"no"  # told, not left to time out
+    api_queue = tier_queue("handed", "api")
+    assert ready_message_counts([api_queue]) == {api_queue: 1}
