@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING
 
 import redis
 from django.conf import settings
-from django.db import close_old_connections
 
 from inference.dispatch import handover
 from inference.dispatch.head_start import MAX_OFFER_AGE_S, Offer, take_offer
@@ -37,6 +36,7 @@ from inference.models import Job
 from inference.workers.gpu.held import Held, engine_payload
 from inference.workers.gpu.model_thread import ModelThread
 from renq_site import tracing
+from renq_site.db_sessions import close_old_connections_checked_once_a_second
 
 if TYPE_CHECKING:
     from opentelemetry.trace import SpanContext
@@ -222,4 +222,5 @@ class HeadStarts:
             except Exception:  # noqa: BLE001 - a head start must never stop the next one
                 logger.warning("head start for job %s failed", offer.job_id, exc_info=True)
             finally:
-                close_old_connections()
+                # As a task's start does: a handed-over job's claim and store query Postgres.
+                close_old_connections_checked_once_a_second()
