@@ -398,18 +398,20 @@ def _hand_over_taken(
     through its queue, as does one served below realtime (past its plan's realtime cap).
     Returns their ids."""
     servable: dict[str, bool] = {}
-    starts: dict[str, tuple[str, float | None]] = {}
+    starts: dict[str, tuple[str, float]] = {}  # a servable job's queue and start tag
     for (target, group), tag in zip(messages, tags, strict=True):
         job = group[0]
         if len(group) > 1 or target.task != RUN_JOB_TASK or not job.head_start_offered:
             continue
-        servable[str(job.pk)] = (
+        servable[str(job.pk)] = False
+        if (
             (job.serving_tier or job.tier) == Tier.REALTIME
             and tag is not None
             and not tag.held
             and tag.priority == queues.MAX_PRIORITY
-        )
-        starts[str(job.pk)] = (target.queue, tag.start if tag is not None else None)
+        ):
+            servable[str(job.pk)] = True
+            starts[str(job.pk)] = (target.queue, tag.start)
     if not servable:
         return set()
     with tracing.span("renq.handover", SpanKind.PRODUCER, job_ids=list(servable)):
@@ -417,7 +419,7 @@ def _hand_over_taken(
     taken: dict[str, float | None] = {}
     for job_id in handed:
         queue, start = starts[job_id]
-        taken[queue] = max(start or 0.0, taken.get(queue) or 0.0)
+        taken[queue] = max(start, taken.get(queue) or start)
     fair_share.advance(taken)
     return {uuid.UUID(job_id) for job_id in handed}
 

@@ -80,8 +80,7 @@ class AdmissionRefused(Exception):
 def counted_refusal(response: R, exc: AdmissionRefused) -> R:
     """A front door's response to `exc`, counted (renq_admission_refused_total) instead of
     logged: a 429 or 503 with Retry-After is admission doing its work, and Django's log line
-    per error response (an ERROR per 503) flooded the log under a client's retry storm, at
-    about a tenth of the web's CPU per refusal."""
+    per error response (an ERROR per 503) would write one per request of a retry storm."""
     observe_admission_refused(exc.status_code, exc.quota)
     response._has_been_logged = True  # django.utils.log.log_response skips it
     return response

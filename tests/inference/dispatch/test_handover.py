@@ -53,7 +53,7 @@ def test_a_taken_head_start_is_handed_over_with_no_message_and_its_turn_taken(of
 
         assert handover.await_answer(client, str(job_id), timeout_s=1)
         job = Job.objects.get(pk=job_id)
-        # Committed and counted as dispatched (the sweeps leave it to its worker's claim).
+        # Committed, with published_at set: the outbox does not send it; its taker claims it.
         assert job.status == JobStatus.QUEUED and job.published_at is not None
     assert ready_message_counts([queue]) == {queue: 0}
     # Each was charged and taken at once: the second started where the first's charge ended.
