@@ -29,7 +29,12 @@ from inference.api.serializers import (
     waited_job_body,
 )
 from inference.delivery.json_response import AnswerResponse
-from inference.delivery.waiting import new_job_id, subscribe, wait_for_final_job
+from inference.delivery.waiting import (
+    answered_job,
+    new_job_id,
+    subscribe,
+    wait_for_final_job,
+)
 from inference.dispatch.queue_report import queue_report
 from inference.intake.bulk import submit_bulk
 from inference.intake.submission import (
@@ -342,7 +347,7 @@ class JobDetailView(APIView):
             queryset=JobAttempt.objects.select_related("backend").order_by("started_at", "id"),
         )
         job = get_object_or_404(_own_jobs(request).prefetch_related(attempts), pk=job_id)
-        return Response(JobSerializer(job, context=context).data)
+        return Response(JobSerializer(answered_job(job), context=context).data)
 
     @extend_schema(
         summary="Cancel a job (the same as POST /jobs/{job_id}/cancel)",

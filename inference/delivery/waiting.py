@@ -153,22 +153,75 @@ def notice_of(outcome: Outcome, finished_at: datetime, *, stored: bool = True) -
 
 
 # One command for a batch's notifications: Redis publishes each message on its channel, so
-# the worker pays one round trip per batch, not a PUBLISH per job. ARGV: channel, message, ...
+# the worker pays one round trip per batch, not a PUBLISH per job. ARGV: what to do with the
+# answers kept for a lapsed lease ('keep' a notice for the ttl, 'forget', or ''), the ttl,
+# then per job its channel, its message and its kept answer's key. A bare hint is not kept.
 _PUBLISH_EACH = """
-for i = 1, #ARGV, 2 do redis.call('PUBLISH', ARGV[i], ARGV[i + 1]) end
-return #ARGV / 2
+local mode, ttl = ARGV[1], ARGV[2]
+for i = 3, #ARGV, 3 do
+  redis.call('PUBLISH', ARGV[i], ARGV[i + 1])
+  if ARGV[i + 1] ~= '1' then
+    if mode == 'keep' then
+      redis.call('SET', ARGV[i + 2], ARGV[i + 1], 'PX', ttl)
+    elseif mode == 'forget' then
+      redis.call('DEL', ARGV[i + 2])
+    end
+  end
+end
+return (#ARGV - 2) / 3
 """
+KEPT_ANSWER_PREFIX = "renq:answered:"
+
+
+def kept_answer_key(job_id: str | uuid.UUID) -> str:
+    return f"{KEPT_ANSWER_PREFIX}{job_id}"
+
+
+def kept_answer_ms() -> int:
+    """How long an answer sent before its store is kept: past the takeover of the lease of a
+    worker that died before storing it."""
+    return int(1000 * max(60.0, 4 * (settings.RENQ_LEASE_S + settings.RENQ_LEASE_CHECK_INTERVAL_S)))
+
+
+def kept_answers(job_ids: Sequence[str | uuid.UUID]) -> dict[str, Notice]:
+    """The answers sent before their store that are still unstored, by job id: the client
+    has them, so a takeover stores them rather than running the job again. Empty when Redis
+    cannot be reached (the jobs then run again)."""
+    if not job_ids:
+        return {}
+    try:
+        values = shared_redis().mget([kept_answer_key(job_id) for job_id in job_ids])
+    except redis.RedisError:
+        logger.warning("kept answers unreadable; %d jobs run again", len(job_ids))
+        return {}
+    kept = {}
+    for job_id, value in zip(job_ids, values, strict=True):
+        notice = Notice.decode(value) if value else None
+        if notice is not None:
+            kept[str(job_id)] = notice
+    return kept
 
 
 def answer_before_store(succeeded: Sequence[Outcome]) -> None:
     """Announce realtime and api successes with their outcome before they are stored (their
-    notice says so): a front-door client waiting on one has its answer a store sooner. `succeeded`
-    name the backend their store will record. Nothing accepted is lost by it: should the
-    store not happen (the worker dies, its claim is taken over), the job runs again and is
-    stored then. A REST waiter waits for the stored notice, so what it answers is what a
-    read of the job gives next."""
+    notice says so): a client waiting on one has its answer a store sooner. `succeeded`
+    name the backend their store will record. Each notice is also kept in Redis until its
+    store's notice forgets it: should the store not happen (the worker dies), the takeover of
+    its lease stores what the client was told (inference.workers.sweeper), and a read of the
+    job meanwhile answers with it (`answered_job`). Should Redis lose it too, the job runs
+    again."""
     if succeeded:
         notify_finished([o.job.pk for o in succeeded], succeeded, stored=False)
+
+
+def answered_job(job: Job) -> Job:
+    """The job as a read shows it: a running job whose client was answered before its store
+    reads as that answer (what the store will write), so a read after a REST `?wait=` answer
+    sees what it was told. Any other job as it is."""
+    if job.status != JobStatus.RUNNING:
+        return job
+    notice = kept_answers([job.pk]).get(str(job.pk))
+    return job if notice is None else notice.final_job(job)
 
 
 def notify_finished(
@@ -179,16 +232,17 @@ def notify_finished(
     raises: a waiter that misses this re-reads the job on its own."""
     now = timezone.now()
     notices = {str(o.job.pk): notice_of(o, now, stored=stored) for o in outcomes}
-    args: list = []
+    mode = "" if not notices else "forget" if stored else "keep"
+    args: list = [mode, kept_answer_ms()]
     for job_id in job_ids:
-        args += [job_channel(job_id), notices.get(str(job_id), HINT)]
-    if not args:
+        args += [job_channel(job_id), notices.get(str(job_id), HINT), kept_answer_key(job_id)]
+    if len(args) == 2:
         return
     try:
         registered_script(shared_redis(), _PUBLISH_EACH)(args=args)
     except Exception:  # noqa: BLE001 - never let a notification break storing outcomes
         logger.warning(
-            "could not notify waiters of %d finished jobs", len(args) // 2, exc_info=True
+            "could not notify waiters of %d finished jobs", len(args) // 3, exc_info=True
         )
 
 
@@ -428,7 +482,6 @@ async def wait_for_final_job(
     timeout_s: float,
     subscription: Subscription | None = None,
     from_notice: Callable[[Notice], T] | None = None,
-    before_store: bool = False,
 ) -> T | None:
     """Return the final job, or None when `timeout_s` passes first.
 
@@ -437,8 +490,8 @@ async def wait_for_final_job(
     was submitted: then nothing can have been missed), once per notification that carries no
     outcome (a notification may be spurious: it is only a hint to look) and once per
     SAFETY_RECHECK_S. A notification with the job's outcome is answered by `from_notice`,
-    without a read; one sent before the store only when `before_store` (the caller's answer
-    is not read back from the job), else the stored one that follows is waited for.
+    without a read, the first one sent before the store too: a read of the job gives the same
+    until it is stored (`answered_job`).
     """
     deadline = time.monotonic() + timeout_s
     read_first = subscription is None or not subscription.confirmed
@@ -451,9 +504,7 @@ async def wait_for_final_job(
             data = await subscription.next(min(left_s, SAFETY_RECHECK_S))
             notice = Notice.decode(data) if data and from_notice is not None else None
             if notice is not None:
-                if notice.stored or before_store:
-                    return from_notice(notice)
-                continue  # its store's notice follows
+                return from_notice(notice)
             if (job := await read_final_job()) is not None:
                 return job
         return None

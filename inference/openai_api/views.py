@@ -188,8 +188,6 @@ async def submitted_and_final(
         timeout_s=timeout_s + VERDICT_GRACE_S,
         subscription=subscription,
         from_notice=lambda notice: notice.final_job(job),
-        # The client reads the answer, not the job: a realtime one comes before its store.
-        before_store=True,
     )
     return job, job_request, timeout_s, final
 

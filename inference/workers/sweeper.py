@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from inference.batch_api.tasks import restart_stalled_batches
 from inference.config.tiers import tier_policies
+from inference.delivery.waiting import Notice, kept_answers
 from inference.dispatch import queues
 from inference.dispatch.broker import consumer_count, ready_message_counts
 from inference.dispatch.publishing import (
@@ -27,10 +28,11 @@ from inference.dispatch.publishing import (
     release_held,
     republish_unpublished,
 )
-from inference.dispatch.settlement import Attempt, settle_attempts
+from inference.dispatch.settlement import Attempt, local_attempts, settle_attempts
 from inference.intake.bulk import finish_stalled_bulks
 from inference.jobs.tiers import HIGHEST_PROMOTION, TIER_ORDER, Tier
 from inference.jobs.transitions import Outcome
+from inference.jobs.vectors import with_vectors
 from inference.models import Job, JobStatus, Service
 from renq_site.shared_redis import shared_redis
 from routing.backends.base import LocalEngineError
@@ -50,8 +52,14 @@ def take_over_lapsed_leases(now=None) -> int:
     RENQ_LEASE_CHECK_INTERVAL_S by the control worker. Returns jobs taken over."""
     now = now or timezone.now()
     taken_over = 0
-    lapsed = Job.objects.lapsed(now).select_related("service", "tenant", "route__backend")
-    for job in lapsed[:1000]:
+    lapsed = list(
+        Job.objects.lapsed(now).select_related("service", "tenant", "route__backend")[:1000]
+    )
+    answered = kept_answers([job.pk for job in lapsed])
+    for job in lapsed:
+        if (notice := answered.get(str(job.pk))) is not None:
+            _store_answer(job, notice)
+            continue
         held = Job.objects.filter(pk=job.pk, claim_token=job.claim_token).lapsed(now)
         if job.attempts >= settings.RENQ_MAX_ATTEMPTS:
             held.fail(f"no result after {job.attempts} attempts; the workers running it were lost")
@@ -60,6 +68,24 @@ def take_over_lapsed_leases(now=None) -> int:
             publish(job)  # where its backend is: the local tier queue or an I/O queue
             taken_over += 1
     return taken_over
+
+
+def _store_answer(job: Job, notice: Notice) -> None:
+    """A job whose client was answered before its worker stored the answer (and was lost):
+    stored as answered, under the lapsed claim, with its routed attempt, as the worker would
+    have stored it. Run again instead, the answer and the row could differ, or the job
+    expire in its queue although its client has its result."""
+    outcome = Outcome(
+        job=job,
+        result=with_vectors(notice.result, notice.vectors),
+        started_at=notice.started_at,
+        inference_ms=notice.inference_ms,
+        batch_size=notice.batch_size,
+        tokens=notice.tokens,
+    )
+    route = getattr(job, "route", None)
+    routed = {job.pk: route.backend_id} if route is not None and route.backend_id else {}
+    settle_attempts(job.claim_token, local_attempts([outcome], routed))
 
 
 # A job that has waited this long since its last publish is published again however long

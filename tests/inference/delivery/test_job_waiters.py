@@ -107,12 +107,12 @@ def test_a_waiter_whose_job_is_never_announced_re_reads_and_times_out():
     assert len(reads) >= 2  # once after subscribing, once when the wait ran out
 
 
-def test_only_a_waiter_that_does_not_read_the_job_back_takes_an_answer_before_its_store():
+def test_a_waiter_takes_the_answer_sent_before_its_store():
     from inference.delivery.waiting import answer_before_store, subscribe
 
     outcome = _outcome({"scores": [0.5]})
 
-    async def wait(before_store: bool) -> list[bool]:
+    async def wait() -> list:
         subscription = await subscribe(outcome.job.pk)
         waiting = asyncio.create_task(
             wait_for_final_job(
@@ -120,20 +120,14 @@ def test_only_a_waiter_that_does_not_read_the_job_back_takes_an_answer_before_it
                 read_final_job=lambda: asyncio.sleep(0),  # never final when read
                 timeout_s=2,
                 subscription=subscription,
-                from_notice=lambda notice: notice.stored,
-                before_store=before_store,
+                from_notice=lambda notice: (notice.stored, notice.result),
             )
         )
         await asyncio.to_thread(answer_before_store, [outcome])
         await asyncio.sleep(0.1)
-        answered_early = waiting.done()
-        await asyncio.to_thread(notify_finished, [outcome.job.pk], [outcome])
-        return [answered_early, await waiting]
+        return [waiting.done(), await waiting]
 
-    # The front door answers from the notice sent before the store.
-    assert asyncio.run(wait(before_store=True)) == [True, False]
-    # A REST waiter answers what a read gives next: from the stored notice.
-    assert asyncio.run(wait(before_store=False)) == [False, True]
+    assert asyncio.run(wait()) == [True, (False, {"scores": [0.5]})]
 
 
 def test_a_job_of_this_process_is_heard_with_no_subscribe_of_its_own():

@@ -1,15 +1,26 @@
-"""A realtime or api success is announced before its row is stored, then again once stored."""
+"""A realtime or api success is announced before its row is stored, then again once stored;
+what a client was told before the store is what a read of the job gives, and what its row
+ends with should the worker die before storing it."""
 
 from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 
 import psycopg2
 import pytest
 from django.db import connection
+from django.utils import timezone
+from rest_framework.test import APIClient
 
-from inference.delivery.waiting import Notice, job_channel
+from inference.delivery.waiting import (
+    Notice,
+    answer_before_store,
+    answered_job,
+    job_channel,
+    kept_answer_key,
+)
 from inference.engines.noop import NoopEngine
 from inference.jobs.transitions import Outcome
 from inference.models import Job, JobStatus
@@ -18,6 +29,7 @@ from inference.workers.gpu.held import Held
 from inference.workers.gpu.ledger import MessageLedger
 from inference.workers.gpu.report import BatchReport
 from inference.workers.gpu.store_thread import OutcomeWriter
+from inference.workers.sweeper import take_over_lapsed_leases
 from renq_site.shared_redis import shared_redis
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -125,3 +137,38 @@ def test_a_pass_is_answered_while_the_previous_batch_is_still_being_stored(
     finally:
         blocker.close()
         pubsub.close()
+
+
+def test_an_answer_whose_worker_died_before_its_store_is_what_the_row_ends_with(
+    make_tenant, make_service
+):
+    tenant, key = make_tenant()
+    service = make_service("noop", name="answered-then-lost")
+    job = Job.objects.create(
+        tenant=tenant, service=service, tier="realtime", input={"texts": ["x"]}
+    )
+    claim = Job.objects.claim([job.pk], worker="lost-host:1")
+    vectors = {"embeddings": [[0.25, -1.0]], "dim": 2}
+    answer_before_store(
+        [Outcome(job=claim.jobs[0], result=vectors, inference_ms=2.0, batch_size=1, tokens=3)]
+    )
+    # The worker dies here. Until its lease lapses, a read gives what the client was told.
+    api_client = APIClient()
+    api_client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
+    read = api_client.get(f"/api/v1/jobs/{job.pk}").json()
+    assert (read["status"], read["result"]["embeddings"]) == ("succeeded", [[0.25, -1.0]])
+
+    Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    take_over_lapsed_leases()
+    stored = Job.objects.get(pk=job.pk)
+    assert (stored.status, stored.input_tokens, stored.batch_size) == ("succeeded", 3, 1)
+    assert answered_job(stored).result_vectors == stored.result_vectors
+    assert read["result"] == api_client.get(f"/api/v1/jobs/{job.pk}").json()["result"]
+    # Its store's notice forgot the kept answer.
+    assert not shared_redis().exists(kept_answer_key(job.pk))
+
+
+def test_a_stored_answer_is_no_longer_kept(make_tenant, make_service):
+    heard, job = _stored_while_heard("realtime", make_tenant, make_service)
+    assert [Notice.decode(data).stored for data in heard] == [False, True]
+    assert not shared_redis().exists(kept_answer_key(job.pk))
