@@ -7,13 +7,15 @@ before it commits the job; an idle GPU worker of that queue pops it and starts t
 (inference.workers.gpu.early_pass). The front doors that choose their jobs' ids themselves (the
 OpenAI one, and a REST `POST ?wait=`) offer sooner still when they can from what their process
 has cached: from the event loop, while the submission goes to its database or request thread
-(offer_in_background). Their submit answers the worker that took the offer, and may hand it
-the job instead of publishing it (inference.dispatch.handover). Otherwise the message decides,
-as for any early pass: the outcome counts only when the job's own message reaches that worker,
-its claim returns the job and its first batch is that job alone, whole and with the input the
-pass ran on; otherwise the pass is dropped. Either way the claim decides. An offer is a head
-start, not a delivery: one lost, late or never taken costs the job nothing, and a job that is
-never committed (or refused, or served at another tier) leaves only a pass nobody adopts.
+(offer_in_background). Every submit that offered answers the worker that took the offer, and
+may hand it the job instead of publishing it (inference.dispatch.handover); an offer without
+`answered` (from a web process of an older release) is never answered. Otherwise the message
+decides, as for any early pass: the outcome counts only when the job's own message reaches
+that worker, its claim returns the job and its first batch is that job alone, whole and with
+the input the pass ran on; otherwise the pass is dropped. Either way the claim decides. An
+offer is a head start, not a delivery: one lost, late or never taken costs the job nothing,
+and a job that is never committed (or refused, or served at another tier) leaves only a pass
+nobody adopts.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Offer:
     carried: str  # the job's input, JSON, as its message carries it (INPUT_HEADER)
     offered_at: float  # time.time() at the web
     # Its submitter answers whoever takes it (inference.dispatch.handover): the job may be
-    # handed over to that worker instead of published.
+    # handed over to that worker instead of published. False: an older web process's offer.
     answered: bool = False
 
     @property
@@ -61,32 +63,34 @@ def offer_key(queue: str) -> str:
     return f"{OFFER_PREFIX}{queue}"
 
 
-def _queue_offer(pipe, queue: str, job_id: str, carried: str, *, answered: bool) -> None:
+def _queue_offer(pipe, queue: str, job_id: str, carried: str) -> None:
     """The offer's commands, on a pipeline (redis-py's or its asyncio twin's)."""
     key = offer_key(queue)
-    fields = {"job": job_id, "input": carried, "at": time.time()}
-    if answered:
-        fields["answered"] = True
+    fields = {"job": job_id, "input": carried, "at": time.time(), "answered": True}
     pipe.lpush(key, json.dumps(fields))
     pipe.ltrim(key, 0, MAX_OFFERS_KEPT - 1)
     pipe.pexpire(key, OFFER_TTL_MS)
 
 
-def offer_head_start(job: Job) -> None:
-    """Offer a realtime job bound for a GPU worker to an idle one, in one Redis round trip.
-    Best effort: a Redis error loses only the head start."""
+def offer_head_start(job: Job) -> bool:
+    """Offer a realtime job bound for a GPU worker to an idle one, in one Redis round trip,
+    before its commit. Returns whether it was offered: its submit then answers the offer's
+    taker (`head_start_offered`), as a front door's. Best effort: a Redis error loses only
+    the head start."""
     carried = carried_input(job)
     if carried is None:
-        return
+        return False
     target = destination(job)
     if target.task != RUN_JOB_TASK:
-        return  # a cloud call has no forward pass to start
+        return False  # a cloud call has no forward pass to start
     pipe = shared_redis().pipeline(transaction=False)
-    _queue_offer(pipe, target.queue, str(job.pk), carried, answered=False)
+    _queue_offer(pipe, target.queue, str(job.pk), carried)
     try:
         pipe.execute()
     except redis.RedisError:
         logger.debug("head start not offered for job %s", job.pk, exc_info=True)
+        return False
+    return True
 
 
 def take_offer(client: redis.Redis, queues: Sequence[str], timeout_s: int) -> Offer | None:
@@ -129,7 +133,7 @@ def offer_in_background(
 
 async def _offer(client: redis.asyncio.Redis, queue: str, job_id: str, carried: str) -> None:
     pipe = client.pipeline(transaction=False)
-    _queue_offer(pipe, queue, job_id, carried, answered=True)
+    _queue_offer(pipe, queue, job_id, carried)
     try:
         await pipe.execute()
     except (redis.RedisError, OSError):

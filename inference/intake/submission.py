@@ -333,8 +333,9 @@ def accept(
             else:
                 lock_order = tuple(check.lock_key for check, _ in checked)
                 if len(created) == 1 and not requests[pending[0]].head_start_offered:
-                    # Before the commit: an idle worker starts the pass meanwhile.
-                    offer_head_start(created[0])
+                    # Before the commit: an idle worker starts the pass meanwhile, and may
+                    # be handed the job once it is committed.
+                    created[0].head_start_offered = offer_head_start(created[0])
                 _group_commit.submit(statements, created, lock_order=lock_order)
         except OutcomeUnknown:
             if not connection.in_atomic_block:

@@ -120,3 +120,32 @@ def test_a_job_served_below_realtime_is_published_and_the_taker_told_no(offered)
     assert client.get(handover.mark_key(str(job_id))) == b"no"  # told, not left to time out
     api_queue = tier_queue("handed", "api")
     assert ready_message_counts([api_queue]) == {api_queue: 1}
+
+
+def test_a_plain_realtime_submission_hands_over_the_head_start_taken_before_its_commit(
+    offered, monkeypatch
+):
+    """A REST POST that does not wait offers its job just before the commit: a worker that
+    takes it is answered as a front door's taker is."""
+    from inference.dispatch.head_start import take_offer
+    from inference.intake import submission
+
+    _, queue, tenant = offered
+    client = shared_redis()
+    offer_then_take = submission.offer_head_start
+
+    def offered_and_taken(job: Job) -> bool:
+        made = offer_then_take(job)
+        offer = take_offer(client, [queue], timeout_s=1)  # an idle worker, before the commit
+        assert made and offer is not None and offer.answered
+        assert handover.take(client, offer.job_id)
+        return made
+
+    monkeypatch.setattr(submission, "offer_head_start", offered_and_taken)
+    job = submit_job(
+        tenant=tenant, service_name="handed", payload={"texts": ["hi"]}, priority="realtime"
+    )
+
+    assert handover.await_answer(client, str(job.pk), timeout_s=1)
+    assert ready_message_counts([queue]) == {queue: 0}
+    assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED  # its taker claims it
