@@ -41,7 +41,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from inference.jobs.transitions import Outcome
-from inference.jobs.vectors import split_result
+from inference.jobs.vectors import split_result, with_vectors
 from inference.models import Job, JobStatus
 from renq_site.shared_redis import shared_redis
 from routing.redis_scripts import registered_script
@@ -113,6 +113,17 @@ class Notice:
         final.input_tokens = self.tokens
         final.noticed_backend = self.backend
         return final
+
+    def outcome(self, job: Job) -> Outcome:
+        """The outcome the notice announced, for `job` (its row): to store it."""
+        return Outcome(
+            job=job,
+            result=with_vectors(self.result, self.vectors),
+            started_at=self.started_at,
+            inference_ms=self.inference_ms,
+            batch_size=self.batch_size,
+            tokens=self.tokens,
+        )
 
     @classmethod
     def decode(cls, data: bytes) -> Notice | None:

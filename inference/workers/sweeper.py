@@ -32,7 +32,6 @@ from inference.dispatch.settlement import Attempt, local_attempts, settle_attemp
 from inference.intake.bulk import finish_stalled_bulks
 from inference.jobs.tiers import HIGHEST_PROMOTION, TIER_ORDER, Tier
 from inference.jobs.transitions import Outcome
-from inference.jobs.vectors import with_vectors
 from inference.models import Job, JobStatus, Service
 from renq_site.shared_redis import shared_redis
 from routing.backends.base import LocalEngineError
@@ -47,9 +46,10 @@ STRANDED_AFTER_S = settings.RENQ_STRANDED_AFTER_S
 
 def take_over_lapsed_leases(now=None) -> int:
     """Jobs whose worker stopped renewing their lease (it hung, died, or lost Postgres) are
-    queued and published again; one lost too often is failed instead. A worker that renews
-    meanwhile keeps its job: the move names the lapsed lease it takes. Run every
-    RENQ_LEASE_CHECK_INTERVAL_S by the control worker. Returns jobs taken over."""
+    queued and published again; one lost too often is failed instead, and one whose client
+    was answered before its store is stored with that answer. A worker that renews meanwhile
+    keeps its job: the move names the lapsed lease it takes. Run every
+    RENQ_LEASE_CHECK_INTERVAL_S by the control worker. Returns jobs queued again."""
     now = now or timezone.now()
     taken_over = 0
     lapsed = list(
@@ -75,17 +75,9 @@ def _store_answer(job: Job, notice: Notice) -> None:
     stored as answered, under the lapsed claim, with its routed attempt, as the worker would
     have stored it. Run again instead, the answer and the row could differ, or the job
     expire in its queue although its client has its result."""
-    outcome = Outcome(
-        job=job,
-        result=with_vectors(notice.result, notice.vectors),
-        started_at=notice.started_at,
-        inference_ms=notice.inference_ms,
-        batch_size=notice.batch_size,
-        tokens=notice.tokens,
-    )
     route = getattr(job, "route", None)
     routed = {job.pk: route.backend_id} if route is not None and route.backend_id else {}
-    settle_attempts(job.claim_token, local_attempts([outcome], routed))
+    settle_attempts(job.claim_token, local_attempts([notice.outcome(job)], routed))
 
 
 # A job that has waited this long since its last publish is published again however long
