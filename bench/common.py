@@ -194,6 +194,20 @@ def run_nonce() -> str:
     return f"{os.getpid()}-{int(time.time())}"
 
 
+def fresh_embedding_service(name: str):
+    """A run's start: the bench database with no jobs, the embedding service `name` with its
+    tier queues empty, and the bench tenant. Returns (the service, the tenant's new API key,
+    a run nonce)."""
+    from inference.dispatch.queues import service_queues
+
+    ensure_database()
+    clear_jobs()
+    service = embedding_service(name)
+    purge_queues(service_queues(name))
+    _, key = bench_tenant()
+    return service, key, run_nonce()
+
+
 def wait_finished(query, expected: int, timeout_s: float = 600, poll_s: float = 0.25) -> int:
     """Poll one COUNT (an indexed query, cheap against what it waits for) until `expected`
     jobs of `query` are final. Returns how many were."""

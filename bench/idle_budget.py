@@ -94,12 +94,7 @@ def run(requests: int, path: str) -> dict:
     from bench.fast_path import raw_forward_ms
     from inference.dispatch.queues import service_queues
 
-    common.ensure_database()
-    common.clear_jobs()
-    common.embedding_service(SERVICE)
-    common.purge_queues(service_queues(SERVICE))
-    _, key = common.bench_tenant()
-    nonce = common.run_nonce()
+    _, key, nonce = common.fresh_embedding_service(SERVICE)
     texts = [f"hello world {nonce} {i}" for i in range(requests + WARM_UP)]
     raw_ms = statistics.median(raw_forward_ms(texts[:110])[10:])
     redis_client = redis.Redis.from_url(common.BENCH_ENV["RENQ_REDIS_URL"])

@@ -45,12 +45,7 @@ def run(*, kills: int, clients: int, between_s: float = 8.0) -> dict:
     from inference.dispatch.queues import control_queue, service_queues
     from inference.models import Job
 
-    common.ensure_database()
-    common.clear_jobs()
-    service = common.embedding_service(SERVICE)
-    common.purge_queues(service_queues(SERVICE))
-    _, key = common.bench_tenant()
-    nonce = common.run_nonce()
+    service, key, nonce = common.fresh_embedding_service(SERVICE)
     answered: list[str] = []
     refused = Counter()
     lock, stop = threading.Lock(), threading.Event()

@@ -57,12 +57,7 @@ def run(requests: int, poll_ms: float) -> dict:
     from bench.cpu import CpuMeter
     from inference.dispatch.queues import service_queues
 
-    common.ensure_database()
-    common.clear_jobs()
-    common.embedding_service(SERVICE)
-    common.purge_queues(service_queues(SERVICE))
-    _, key = common.bench_tenant()
-    nonce = common.run_nonce()
+    _, key, nonce = common.fresh_embedding_service(SERVICE)
     texts = [f"plain {nonce} {i}" for i in range(requests + WARM_UP)]
     latencies: list[float] = []
     with ProcessGroup() as group:
