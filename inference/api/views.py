@@ -31,6 +31,7 @@ from inference.api.serializers import (
 from inference.delivery.json_response import AnswerResponse
 from inference.delivery.waiting import (
     answered_job,
+    answered_jobs,
     new_job_id,
     subscribe,
     wait_for_final_job,
@@ -152,6 +153,12 @@ class JobListCreateView(generics.ListAPIView):
     )
     def get(self, request, *args, **kwargs):
         return super().get(request, *args, **kwargs)
+
+    def paginate_queryset(self, queryset):
+        # A page reads as each job's own page does: answered before its store, a job shows
+        # its answer. The `status` filter is on the stored status.
+        page = super().paginate_queryset(queryset)
+        return None if page is None else answered_jobs(page)
 
     @extend_schema(
         request=JobSubmitSerializer,

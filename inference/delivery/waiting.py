@@ -229,10 +229,13 @@ def answered_job(job: Job) -> Job:
     """The job as a read shows it: a running job whose client was answered before its store
     reads as that answer (what the store will write), so a read after a REST `?wait=` answer
     sees what it was told. Any other job as it is."""
-    if job.status != JobStatus.RUNNING:
-        return job
-    notice = kept_answers([job.pk]).get(str(job.pk))
-    return job if notice is None else notice.final_job(job)
+    return answered_jobs([job])[0]
+
+
+def answered_jobs(jobs: Sequence[Job]) -> list[Job]:
+    """`answered_job` of each, with one Redis read for all the running ones."""
+    kept = kept_answers([job.pk for job in jobs if job.status == JobStatus.RUNNING])
+    return [kept[str(job.pk)].final_job(job) if str(job.pk) in kept else job for job in jobs]
 
 
 def notify_finished(

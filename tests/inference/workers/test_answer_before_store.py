@@ -157,6 +157,9 @@ def test_an_answer_whose_worker_died_before_its_store_is_what_the_row_ends_with(
     api_client.credentials(HTTP_AUTHORIZATION=f"Bearer {key}")
     read = api_client.get(f"/api/v1/jobs/{job.pk}").json()
     assert (read["status"], read["result"]["embeddings"]) == ("succeeded", [[0.25, -1.0]])
+    # The list shows it as its own page does.
+    listed = api_client.get("/api/v1/jobs").json()["results"]
+    assert [(j["id"], j["status"]) for j in listed] == [(str(job.pk), "succeeded")]
 
     Job.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     take_over_lapsed_leases()
