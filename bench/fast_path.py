@@ -51,7 +51,8 @@ from bench.common import (
 from bench.cpu import CpuMeter
 
 SERVICE = "bench-fast-path"
-PLAIN_QUEUE = "bench.plain-noop"
+# Not a renq queue: Celery declares it with its defaults (no x-max-priority).
+PLAIN_QUEUE = "bench.plain-celery-noop"
 
 
 def _summary(values: list[float]) -> dict:
@@ -518,38 +519,42 @@ def under_backlog(*, quick: bool) -> dict:
     return results
 
 
-def _queue_depth(name: str) -> int:
-    from renq_site.celery import app
+def _plain_queue_depth(name: str) -> int:
+    from bench.plain_celery import app
 
     with app.connection_for_write() as conn:
-        return app.amqp.queues[name](conn.channel()).queue_declare(passive=True).message_count
+        return conn.default_channel.queue_declare(queue=name, passive=True).message_count
 
 
 def plain_celery_noop(*, quick: bool) -> dict:
     """apply_async of a no-op task from 8 threads of a producer process, one prefork worker,
-    results in Redis: CPU per task by process."""
-    from processes import ProcessGroup
+    results in Redis, all with Celery's defaults (bench.plain_celery): CPU per task by
+    process."""
+    from processes import VENV_BIN, ProcessGroup, wait_until
 
-    purge_queues([PLAIN_QUEUE])
     seconds = 3.0 if quick else 10.0
     # The producer exits before the meter stops: its CPU is what this process reaps of it.
     reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
     with ProcessGroup() as procs:
-        procs.worker("bench-plain-noop", [PLAIN_QUEUE], extra=["-I", "bench.plain_tasks"])
+        worker = [str(VENV_BIN / "celery"), "-A", "bench.plain_celery", "worker", "-l", "info"]
+        options = ["-Q", PLAIN_QUEUE, "-c", "1", "-n", "bench-plain-noop@%h", "--purge"]
+        worker_log = procs.start("bench-plain-noop", worker + options)
+        wait_until(lambda: " ready." in worker_log.read_text(), "plain Celery worker")
         procs.start(
             "plain-producer",
             [sys.executable, "bench/plain_producer.py", "8", str(seconds), PLAIN_QUEUE],
         )
-        producer, worker = procs.procs["plain-producer"], procs.procs["bench-plain-noop"]
-        meter = CpuMeter(DB_NAME, {"web": producer.pid, "worker": worker.pid})
+        producer, consumer = procs.procs["plain-producer"], procs.procs["bench-plain-noop"]
+        meter = CpuMeter(DB_NAME, {"web": producer.pid, "worker": consumer.pid})
         meter.start()
         started = time.time()
         producer.wait(timeout=seconds + 120)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         producer_s = (after.ru_utime - reaped.ru_utime) + (after.ru_stime - reaped.ru_stime)
-        while _queue_depth(PLAIN_QUEUE) > 0 and time.time() - started < 300:
+        # A prefetched task has left the queue but may still run: wait for the last result.
+        while _plain_queue_depth(PLAIN_QUEUE) > 0 and time.time() - started < 300:
             time.sleep(0.2)
-        time.sleep(0.5)  # the last task's result is stored
+        time.sleep(1.0)
         cpu = meter.stop()
         span_s = time.time() - started
     log = (RUN_DIR / "plain-producer.log").read_text()

@@ -1,6 +1,6 @@
 """Plain Celery's producer for the fast-path bench: threads calling `apply_async` on a no-op
-task (Celery's defaults: its producer pool, results in Redis), run as its own process so its
-CPU is measured apart from the bench's.
+task (bench.plain_celery: Celery's defaults, its producer pool, results in Redis), run as its
+own process so its CPU is measured apart from the bench's.
 
     python bench/plain_producer.py <threads> <seconds> <queue>
 """
@@ -13,13 +13,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import django  # noqa: E402
 
 from bench import common  # noqa: E402, F401  (the bench's own stores)
-
-django.setup()
-
-from renq_site.celery import app  # noqa: E402
+from bench.plain_celery import plain_noop  # noqa: E402
 
 
 def main() -> None:
@@ -29,7 +25,7 @@ def main() -> None:
 
     def produce(k: int) -> None:
         while time.time() < deadline:
-            app.send_task("bench.plain_noop", args=[sent[k]], queue=queue, ignore_result=False)
+            plain_noop.apply_async(args=[sent[k]], queue=queue)
             sent[k] += 1
 
     workers = [threading.Thread(target=produce, args=(k,)) for k in range(threads)]

@@ -36,9 +36,3 @@ def plain_embed(job_id: str) -> None:
         inference_ms=(time.perf_counter() - t0) * 1000,
         batch_size=1,
     )
-
-
-@shared_task(name="bench.plain_noop", ignore_result=False)
-def plain_noop(i: int) -> int:
-    """Plain Celery's own cost: a task that does nothing, its result stored in Redis."""
-    return i
