@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -327,6 +327,14 @@ def _closed_loop(clients: int, seconds: float, send) -> tuple[int, int, list[flo
     return answered[0], errors[0], latencies
 
 
+def _error_code(answer: bytes) -> str:
+    """The error's code in an OpenAI-shaped error body, or '' when there is none."""
+    try:
+        return str(json.loads(answer)["error"].get("code") or "")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return ""
+
+
 def model_time(jobs, since: datetime) -> dict:
     """How the model spent a run: its passes (a pass's jobs share their started_at and its
     inference_ms), the share of the run it was computing, the mean batch, and the gaps
@@ -428,15 +436,21 @@ def under_load(*, quick: bool) -> dict:
         # The same client as the REST clients' (a connection per thread), so that the two
         # figures compare the front doors, not the client libraries.
 
+        refusals: Counter = Counter()
+
         def v1(i: int) -> bool:
             body = {"model": SERVICE, "input": f"v1 {nonce} {i}"}
-            return poster.post("/v1/embeddings", body)[0] == 200
+            status, _, answer = poster.post("/v1/embeddings", body)
+            if status != 200:
+                refusals[f"{status} {_error_code(answer)}"] += 1
+            return status == 200
 
         v1_started = datetime.now(UTC)
         answered, errors, latencies = _closed_loop(16, seconds, v1)
         results["v1_16_clients"] = {
             "answered": answered,
             "errors": errors,
+            "errors_by_status": dict(refusals),
             "answers_s": round(answered / seconds, 1),
             "p50_ms": round(pct(latencies, 50), 1),
             "p99_ms": round(pct(latencies, 99), 1),
