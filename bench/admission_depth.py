@@ -1,0 +1,135 @@
+"""What a service's queued backlog costs every new submission: single-job REST POSTs from 8
+client threads, with no worker running, at several depths of queued jobs of the same service
+(rows copied from one submitted job, max_queue_size lifted). Per depth: POSTs/s, POST p50 and
+CPU per POST of the web and PostgreSQL.
+
+The queue's admission check (`renq_admit_to_queue`) counts the service's queued jobs by tenant
+under the service's advisory lock, so its cost grows with the backlog and every submitter of
+the service waits for it in turn.
+
+    .venv/bin/python bench/admission_depth.py [--depths 0 5000 20000 50000] [--posts 1200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import common  # noqa: E402  (the bench's own stores, before Django)
+
+SERVICE = "bench-admission"
+CLIENTS = 8
+
+
+def _fill_queue(template_id: str, depth: int) -> None:
+    """Queued copies of the template job until the service has `depth` queued jobs."""
+    from django.db import connection
+
+    from inference.models import Job
+
+    missing = depth - Job.objects.filter(service__name=SERVICE, status="queued").count()
+    if missing <= 0:
+        return
+    columns = [f.column for f in Job._meta.concrete_fields if f.column not in ("id", "created_at")]
+    listed = ", ".join(f'"{c}"' for c in columns)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f'INSERT INTO {Job._meta.db_table} ("id", "created_at", {listed}) '
+            f"SELECT gen_random_uuid(), now(), {listed} FROM {Job._meta.db_table}, "
+            "generate_series(1, %s) WHERE id = %s",
+            [missing, template_id],
+        )
+        cursor.execute(f"ANALYZE {Job._meta.db_table}")
+
+
+def _posts(url: str, key: str, count: int) -> tuple[float, list[float]]:
+    """`count` single-job POSTs from CLIENTS threads: (seconds, latencies in ms)."""
+    latencies: list[float] = []
+    lock = threading.Lock()
+
+    def client(k: int) -> None:
+        poster = common.JsonPoster(url, key)
+        for i in range(count // CLIENTS):
+            body = {"service": SERVICE, "priority": "api", "input": {"texts": [f"d {k} {i}"]}}
+            started = time.perf_counter()
+            status, _, answer = poster.post("/api/v1/jobs", body)
+            if status != 202:
+                raise RuntimeError(f"POST answered {status}: {answer[:300]!r}")
+            with lock:
+                latencies.append((time.perf_counter() - started) * 1000)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(CLIENTS)]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started, latencies
+
+
+def run(depths: list[int], posts: int) -> dict:
+    import django
+
+    django.setup()
+    common.ensure_database()
+    common.clear_jobs()
+    from processes import ProcessGroup, free_port
+
+    from bench.cpu import CpuMeter
+    from inference.dispatch.queues import service_queues
+
+    common.embedding_service(SERVICE)
+    _, key = common.bench_tenant()
+    queues = service_queues(SERVICE)
+    results: dict = {"clients": CLIENTS, "posts_per_depth": posts, "depths": {}}
+    with ProcessGroup() as procs:
+        url = procs.web(free_port(), workers=1)
+        poster = common.JsonPoster(url, key)
+        status, _, answer = poster.post(
+            "/api/v1/jobs", {"service": SERVICE, "input": {"texts": ["template"]}}
+        )
+        if status != 202:
+            raise RuntimeError(f"POST answered {status}: {answer[:300]!r}")
+        import json
+
+        template = json.loads(answer)["id"]
+        _posts(url, key, 80)  # warm-up
+        for depth in sorted(depths):
+            _fill_queue(template, depth)
+            common.purge_queues(queues)  # the messages are not what is measured
+            meter = CpuMeter(common.DB_NAME, {"web": procs.procs["web"].pid})
+            meter.start()
+            seconds, latencies = _posts(url, key, posts)
+            cpu = meter.stop()
+            done = len(latencies)
+            results["depths"][depth] = {
+                "posts_s": round(done / seconds, 1),
+                "post_ms_p50": round(statistics.median(latencies), 2),
+                "post_ms_p99": round(common.pct(latencies, 99), 2),
+                "web_cpu_ms_per_post": round(1000 * cpu["web_s"] / done, 3),
+                "postgres_cpu_ms_per_post": round(1000 * cpu["postgres_s"] / done, 3),
+            }
+            print(depth, results["depths"][depth], flush=True)
+        common.purge_queues(queues)
+    common.clear_jobs()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--depths", type=int, nargs="+", default=[0, 5_000, 20_000, 50_000])
+    parser.add_argument("--posts", type=int, default=1200, help="per depth")
+    parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
+    args = parser.parse_args()
+    common.print_and_keep(run(args.depths, args.posts), args.out)
+
+
+if __name__ == "__main__":
+    main()
