@@ -327,6 +327,13 @@ def _closed_loop(clients: int, seconds: float, send) -> tuple[int, int, list[flo
     return answered[0], errors[0], latencies
 
 
+def _by_status(errors: dict | None) -> str:
+    """' (503 queue_overdue: 80, ...)' for the report, or '' when there were none."""
+    if not errors:
+        return ""
+    return " (" + ", ".join(f"{code}: {n}" for code, n in sorted(errors.items())) + ")"
+
+
 def _error_code(answer: bytes) -> str:
     """The error's code in an OpenAI-shaped error body, or '' when there is none."""
     try:
@@ -442,7 +449,7 @@ def under_load(*, quick: bool) -> dict:
             body = {"model": SERVICE, "input": f"v1 {nonce} {i}"}
             status, _, answer = poster.post("/v1/embeddings", body)
             if status != 200:
-                refusals[f"{status} {_error_code(answer)}"] += 1
+                refusals[f"{status} {_error_code(answer)}".strip()] += 1
             return status == 200
 
         v1_started = datetime.now(UTC)
@@ -711,7 +718,8 @@ def report_lines(r: dict) -> list[str]:
                 if shipped
             ),
             f"| 16 keep-alive /v1/embeddings | {v1['answers_s']} | "
-            f"{round(v1['answers_s'] / u['raw_batched_texts_s'], 3)} × | {v1['errors']} | "
+            f"{round(v1['answers_s'] / u['raw_batched_texts_s'], 3)} × | {v1['errors']}"
+            f"{_by_status(v1.get('errors_by_status'))} | "
             f"{v1['p50_ms']} / {v1['p99_ms']} (total_timeout {v1['total_timeout_ms']:.0f}) |",
             "",
             f"16 /v1 clients against 8 REST clients (the best REST run): "
