@@ -75,8 +75,13 @@ def test_aging_promotes_a_waiting_job_for_every_worker(
 ):
     from inference.config.models import SchedulerSettings
     from inference.config.tiers import tier_policies
+    from inference.dispatch.queues import service_queues
+    from tests.conftest import purge_test_queues
 
     service = make_service("noop", name="aging", batch_size=4)
+    # The copy a worker drops at its claim may still be queued when an earlier run on this
+    # broker ended: the counts below are of this run's messages only.
+    purge_test_queues(service_queues("aging"))
     SchedulerSettings.objects.update_or_create(
         pk=SchedulerSettings.SINGLETON_PK,
         defaults={"tiers": {"offline": {"aging_after_s": 1.0}, "batch": {"aging_after_s": 600}}},
@@ -107,6 +112,7 @@ def test_aging_promotes_a_waiting_job_for_every_worker(
         assert done.attempts == 1
     finally:
         stop_workers(workers)
+        purge_test_queues(service_queues("aging"))
     assert service.pk
 
 
