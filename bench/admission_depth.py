@@ -13,6 +13,7 @@ the service waits for it in turn.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import threading
@@ -97,8 +98,6 @@ def run(depths: list[int], posts: int) -> dict:
         )
         if status != 202:
             raise RuntimeError(f"POST answered {status}: {answer[:300]!r}")
-        import json
-
         template = json.loads(answer)["id"]
         _posts(url, key, 80)  # warm-up
         for depth in sorted(depths):

@@ -328,7 +328,7 @@ def _closed_loop(clients: int, seconds: float, send) -> tuple[int, int, list[flo
 
 
 def _by_status(errors: dict | None) -> str:
-    """' (503 queue_overdue: 80, ...)' for the report, or '' when there were none."""
+    """' (<status> <code>: <count>, ...)' for the report, or '' when there were none."""
     if not errors:
         return ""
     return " (" + ", ".join(f"{code}: {n}" for code, n in sorted(errors.items())) + ")"
