@@ -8,7 +8,9 @@ RabbitMQ and the bench's database (no web server, no worker):
   for an empty basic.get (what a tier queue costs when it is asked and holds nothing), and the
   asking process's CPU for it;
 - building and preparing 100 jobs' INSERT rows: `Job(**fields)` with the ORM's preparation,
-  and the submit path's `NewJobRow` + `row_writer.insert_statement`.
+  and the submit path's `NewJobRow` + `row_writer.insert_statement`;
+- a Redis command (a Lua script's EVALSHA, as the fair-share tags and the announce send, and an
+  MGET) with redis-py's Python reply parser and with hiredis's.
 
 Each figure is the best of several rounds (the machine is shared), both ways alternating.
 
@@ -148,6 +150,37 @@ def job_rows(rounds: int, posts: int = 20, per_post: int = 100) -> dict:
     return best
 
 
+def _redis_command_ms(parser, calls: int) -> dict[str, float]:
+    import redis
+    from django.conf import settings
+
+    pool = redis.ConnectionPool.from_url(settings.RENQ_REDIS_URL, parser_class=parser)
+    client = redis.Redis(connection_pool=pool)
+    script = client.register_script("return {KEYS[1], ARGV[1], 3, 4}")
+    keys = ["bench:pieces:a", "bench:pieces:b", "bench:pieces:c"]
+    for i in range(50):  # the script loaded, the connection open
+        script(keys=keys[:1], args=[i])
+    try:
+        return {
+            "evalsha": _cpu_ms_per_call(lambda i: script(keys=keys[:1], args=[i]), calls),
+            "mget": _cpu_ms_per_call(lambda i: client.mget(keys), calls),
+        }
+    finally:
+        pool.disconnect()
+
+
+def redis_commands(rounds: int, calls: int = 2_000) -> dict:
+    from redis._parsers import _HiredisParser, _RESP3Parser
+
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, parser in (("python", _RESP3Parser), ("hiredis", _HiredisParser)):
+            for what, ms in _redis_command_ms(parser, calls).items():
+                key = f"{what}_{name}_ms"
+                best[key] = min(best.get(key, ms), ms)
+    return best
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -173,6 +206,13 @@ def main() -> int:
         f"building and preparing 100 jobs' INSERT rows, CPU per job: Job(**fields) + the ORM's "
         f"preparation {built['orm_ms_per_job']:.4f} ms, NewJobRow + insert_statement "
         f"{built['renq_ms_per_job']:.4f} ms"
+    )
+    commands = redis_commands(args.rounds)
+    print(
+        "a Redis command, CPU of this process: EVALSHA "
+        f"{commands['evalsha_python_ms']:.3f} ms with redis-py's Python parser, "
+        f"{commands['evalsha_hiredis_ms']:.3f} ms with hiredis; MGET of 3 keys "
+        f"{commands['mget_python_ms']:.3f} / {commands['mget_hiredis_ms']:.3f} ms"
     )
     return 0
 
