@@ -33,10 +33,10 @@ from django.db.models import Expression, F
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 from psycopg2 import Binary
-from psycopg2.extras import execute_values
 
 from inference.jobs import signals
 from inference.jobs.kinds import kind_of
+from inference.jobs.prepared import PreparedStatement
 from inference.jobs.status import JobStatus
 from inference.jobs.tiers import promises_latency
 from inference.jobs.vectors import split_result
@@ -68,7 +68,8 @@ EXPIRED_IN_QUEUE = "waited longer than the service's queue_timeout before a work
 # own round trip: a worker claims between forward passes, and storing a routed job's outcome
 # records its attempt on that backend, so asking later would put a round trip on every job.
 # A redelivered job taken over by the process that held it (its reader channel dropped and
-# came back) lost no worker: no attempt is counted.
+# came back) lost no worker: no attempt is counted. Prepared; its status test is a CASE (see
+# _BY_ID).
 _CLAIM_SQL = """
 UPDATE inference_job AS j
    SET status = 'running', claim_token = %(token)s, claimed_at = %(now)s,
@@ -79,12 +80,26 @@ UPDATE inference_job AS j
        worker = %(worker)s
   FROM inference_service AS s, inference_tenant AS t
  WHERE j.id = ANY(%(ids)s::uuid[]) AND s.id = j.service_id AND t.id = j.tenant_id
-   AND (j.status = 'queued'
-        OR (j.status = 'running' AND j.id = ANY(%(redelivered)s::uuid[])
-            AND (j.attempts < %(max_attempts)s OR j.worker = %(worker)s)))
+   AND CASE j.status
+         WHEN 'queued' THEN true
+         WHEN 'running' THEN j.id = ANY(%(redelivered)s::uuid[])
+                             AND (j.attempts < %(max_attempts)s OR j.worker = %(worker)s)
+         ELSE false
+       END
 RETURNING {columns},
           (SELECT r.backend_id FROM {route_table} AS r WHERE r.job_id = j.id)
 """
+
+_CLAIM_TYPES = (
+    ("token", "uuid"),
+    ("now", "timestamptz"),
+    ("lease_s", "float8"),
+    ("attempt", "integer"),
+    ("worker", "text"),
+    ("ids", "uuid[]"),
+    ("redelivered", "uuid[]"),
+    ("max_attempts", "integer"),
+)
 
 # Sent ahead of a claim or a store that is its own transaction (one query string, so one
 # implicit transaction: the setting ends with it). It is then visible at once but durable only
@@ -115,28 +130,39 @@ SELECT clock_timestamp(), %(kind)s, tenant_id, id, worker,
    AND (%(token)s::uuid IS NULL OR claim_token = %(token)s::uuid)
 """
 
-# One statement for a whole batch; every row carries the claim token it must still hold.
-# Embedding vectors travel and are stored as float32 bytes (inference.jobs.vectors), not JSON.
-_SUCCEED_SQL = """
+# One statement for a whole batch, its rows as arrays (one shape, so it is prepared once); each
+# row must still be held under the batch's claim token, and its status test is a CASE (see
+# _BY_ID). Embedding vectors travel and are stored as float32 bytes (inference.jobs.vectors),
+# not JSON. The audit trail's completion rows come from the same statement.
+_SUCCEED_AND_AUDIT = PreparedStatement(
+    "renq_store_successes",
+    """
+WITH done AS (
 UPDATE inference_job AS j
    SET status = 'succeeded', result = v.result::jsonb, result_vectors = v.vectors,
        finished_at = clock_timestamp(), started_at = v.started_at,
        inference_ms = v.inference_ms, batch_size = v.batch_size, input_tokens = v.tokens
-  FROM (VALUES %s) AS v(id, token, result, vectors, started_at, inference_ms, batch_size, tokens)
- WHERE j.id = v.id AND j.claim_token = v.token AND j.status = 'running'
-"""
-# The same, with the audit trail's completion rows written by the same statement.
-_SUCCEED_AND_AUDIT_SQL = f"""
-WITH done AS ({_SUCCEED_SQL.strip()}
+  FROM unnest(%(ids)s, %(results)s, %(vectors)s, %(started)s, %(inference_ms)s,
+              %(batch_sizes)s, %(tokens)s)
+       AS v(id, result, vectors, started_at, inference_ms, batch_size, tokens)
+ WHERE j.id = v.id AND j.claim_token = %(token)s
+   AND CASE j.status WHEN 'running' THEN true ELSE false END
 RETURNING j.id, j.tenant_id, j.worker, j.status)
 INSERT INTO inference_auditevent (at, kind, tenant_id, job_id, actor, detail)
 SELECT clock_timestamp(), 'completed', tenant_id, id, worker, jsonb_build_object('status', status)
   FROM done
 RETURNING job_id
-"""
-_SUCCEED_ROW = (
-    "(%s::uuid, %s::uuid, %s, %s::bytea, %s::timestamptz, %s::double precision, %s::integer,"
-    " %s::integer)"
+""",
+    (
+        ("token", "uuid"),
+        ("ids", "uuid[]"),
+        ("results", "text[]"),
+        ("vectors", "bytea[]"),
+        ("started", "timestamptz[]"),
+        ("inference_ms", "float8[]"),
+        ("batch_sizes", "integer[]"),
+        ("tokens", "integer[]"),
+    ),
 )
 
 
@@ -198,17 +224,40 @@ def _reproducible(outcome: Outcome) -> bool:
     return type(job).service.is_cached(job) and kind_of(job.service.kind).reproducible
 
 
+# A prepared statement's generic plan is made once and then kept: made while the table was
+# small (a new install, a TRUNCATE), a sequential scan would stay its plan as the table grew.
+# With sequential scans off while it runs, and a status test no status index can serve (a
+# CASE), the claim and the store find their rows by id whatever the statistics say; a bitmap
+# scan of a status index would also read every entry a churning queue left dead in it.
+_BY_ID = "SET LOCAL enable_seqscan TO off;\n"
+
+
+def _execute_by_id(cursor, statement: PreparedStatement, params: dict, *, unflushed: bool):
+    """`statement`'s rows: outside a transaction as one of its own, one round trip
+    (`unflushed`: not waiting for the WAL flush); inside the caller's, the setting put back
+    after it."""
+    sql = statement.sql_for(cursor)
+    if connection.in_atomic_block:
+        cursor.execute(_BY_ID)
+        cursor.execute(sql, params)
+        rows = cursor.fetchall()
+        cursor.execute("SET LOCAL enable_seqscan TO DEFAULT")
+        return rows
+    cursor.execute((_ASYNC_COMMIT if unflushed else "") + _BY_ID + sql, params)
+    return cursor.fetchall()
+
+
 def _atomic_if(needed: bool, using: str):
     """A transaction around several statements; none around one (it is atomic by itself)."""
     return transaction.atomic(using=using) if needed else contextlib.nullcontext()
 
 
 @functools.cache
-def _claim_layout(model) -> tuple[str, list[tuple]]:
-    """_CLAIM_SQL returning the job's, its service's and its tenant's columns in the models'
-    field order (what Model.from_db expects), and how to cut a returned row back into the
-    three: (model, attnames, (field, db converters) pairs, slice). Built once per process: a
-    claim runs between every two forward passes."""
+def _claim_layout(model) -> tuple[PreparedStatement, list[tuple]]:
+    """_CLAIM_SQL, prepared, returning the job's, its service's and its tenant's columns in
+    the models' field order (what Model.from_db expects), and how to cut a returned row back
+    into the three: (model, attnames, (field, db converters) pairs, slice). Built once per
+    process: a claim runs between every two forward passes."""
     service = model._meta.get_field("service").related_model
     tenant = model._meta.get_field("tenant").related_model
     columns, layout, start = [], [], 0
@@ -220,7 +269,7 @@ def _claim_layout(model) -> tuple[str, list[tuple]]:
         layout.append((part, attnames, converters, slice(start, start + len(fields))))
         start += len(fields)
     sql = _CLAIM_SQL.format(columns=", ".join(columns), route_table=JobRoute._meta.db_table)
-    return sql, layout
+    return PreparedStatement(f"renq_claim_{model._meta.db_table}", sql, _CLAIM_TYPES), layout
 
 
 def _claimed_jobs(model, rows: list[tuple], db: str) -> list[tuple[JobRow, int | None]]:
@@ -305,17 +354,13 @@ class JobQuerySet(models.QuerySet):
         # COMMIT round trips around it (a claim runs before every forward pass; at idle it is on
         # a realtime job's path).
         redelivered = bool(params["redelivered"])
-        claim_sql = _claim_layout(self.model)[0]
-        if not redelivered and not connection.in_atomic_block:
-            # Its own transaction: it need not wait for the WAL flush (see _ASYNC_COMMIT).
-            claim_sql = _ASYNC_COMMIT + claim_sql
         with _atomic_if(redelivered, self.db), connection.cursor() as cursor:
             if redelivered:
                 cursor.execute(_POISON_SQL, params)
                 claim.dead_lettered = [row[0] for row in cursor.fetchall()]
                 _audit(cursor, claim.dead_lettered, "dead_lettered", [JobStatus.FAILED])
-            cursor.execute(claim_sql, params)
-            rows = cursor.fetchall()
+            # Its own transaction need not wait for the WAL flush (see _ASYNC_COMMIT).
+            rows = _execute_by_id(cursor, _claim_layout(self.model)[0], params, unflushed=True)
         if not rows:
             return claim
         jobs = {job.pk: (job, route) for job, route in _claimed_jobs(self.model, rows, self.db)}
@@ -347,21 +392,24 @@ class JobQuerySet(models.QuerySet):
             return 0
         successes = [o for o in outcomes if o.result is not None]
         failures = [o for o in outcomes if o.result is None]
-        rows = []
+        columns: dict[str, list] = {
+            "ids": [],
+            "results": [],
+            "vectors": [],
+            "started": [],
+            "inference_ms": [],
+            "batch_sizes": [],
+            "tokens": [],
+        }
         for o in successes:
             result, vectors = split_result(o.result)
-            rows.append(
-                (
-                    str(o.job.pk),
-                    str(token),
-                    json.dumps(result),
-                    None if vectors is None else Binary(vectors),
-                    o.started_at or now,
-                    o.inference_ms,
-                    o.batch_size,
-                    o.tokens,
-                )
-            )
+            columns["ids"].append(str(o.job.pk))
+            columns["results"].append(json.dumps(result))
+            columns["vectors"].append(None if vectors is None else Binary(vectors))
+            columns["started"].append(o.started_at or now)
+            columns["inference_ms"].append(o.inference_ms)
+            columns["batch_sizes"].append(o.batch_size)
+            columns["tokens"].append(o.tokens)
         # A batch of successes is one statement, atomic by itself (no BEGIN/COMMIT round
         # trips): the job is finished one round trip after its forward pass. Its completion
         # audit rows come from the same statement, only for the rows it moved, so a second
@@ -372,25 +420,13 @@ class JobQuerySet(models.QuerySet):
         # only have the jobs computed again, to the same results (see _ASYNC_COMMIT); a
         # caller's transaction commits as the caller decides.
         unflushed = not connection.in_atomic_block and all(map(_reproducible, outcomes))
-        # Alone, the successes' statement is the transaction, and carries the setting itself.
-        succeed_sql = _SUCCEED_AND_AUDIT_SQL
         with _atomic_if(bool(failures), self.db), connection.cursor() as cursor:
             if unflushed and failures:
                 cursor.execute(_ASYNC_COMMIT)
-            elif unflushed:
-                succeed_sql = _ASYNC_COMMIT + _SUCCEED_AND_AUDIT_SQL
-            if rows:
-                succeeded = {
-                    str(row[0])
-                    for row in execute_values(
-                        cursor.cursor,
-                        succeed_sql,
-                        rows,
-                        template=_SUCCEED_ROW,
-                        page_size=len(rows),
-                        fetch=True,
-                    )
-                }
+            if successes:
+                params = {"token": str(token), **columns}
+                rows = _execute_by_id(cursor, _SUCCEED_AND_AUDIT, params, unflushed=unflushed)
+                succeeded = {str(row[0]) for row in rows}
                 written = len(succeeded)
             failed_now = [
                 o.job.pk

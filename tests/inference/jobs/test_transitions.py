@@ -73,7 +73,7 @@ def test_each_move_is_legal_and_guarded_by_the_status_it_leaves(make_tenant, mak
     assert len(moves) == 4
 
 
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_a_claim_is_one_statement_and_returns_whole_jobs(make_tenant, make_service):
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
@@ -97,7 +97,8 @@ def test_a_claim_is_one_statement_and_returns_whole_jobs(make_tenant, make_servi
             (str(job.pk), job.input["texts"], job.service.name, job.tenant.name, job.status)
             for job in claim.jobs
         ]
-    statements = [q["sql"] for q in queries if "SAVEPOINT" not in q["sql"]]
+    # (A session's first claim prepares the statement first, once.)
+    statements = [q["sql"] for q in queries if not q["sql"].startswith("PREPARE")]
     assert len(statements) == 1, statements
     assert seen == [
         (str(j.pk), j.input["texts"], "claim-rows", "claimer", JobStatus.RUNNING)
@@ -172,29 +173,27 @@ def test_a_claim_of_its_own_commits_asynchronously_and_the_session_stays_synchro
     service = make_service("noop", name="claim-async")
     alone, inside = _job(tenant, service), _job(tenant, service)
 
-    def setting() -> str:
+    def setting(name: str = "synchronous_commit") -> str:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT current_setting('synchronous_commit')")
+            cursor.execute("SELECT current_setting(%s)", [name])
             return cursor.fetchone()[0]
 
     with CaptureQueriesContext(connection) as queries:
         assert len(Job.objects.claim([alone.pk], worker="w").jobs) == 1
-    assert "synchronous_commit TO off" in queries[0]["sql"]
-    assert setting() == "on"
+    (claim_sql,) = [q["sql"] for q in queries if "EXECUTE renq_claim" in q["sql"]]
+    assert claim_sql.startswith("SET LOCAL synchronous_commit TO off;")
+    assert setting() == "on" and setting("enable_seqscan") == "on"
 
     with transaction.atomic(), CaptureQueriesContext(connection) as queries:
         assert len(Job.objects.claim([inside.pk], worker="w").jobs) == 1
-        assert setting() == "on"
-    assert not any("SET LOCAL" in q["sql"] for q in queries)
+        assert setting() == "on" and setting("enable_seqscan") == "on"
+    assert not any("SET LOCAL synchronous_commit" in q["sql"] for q in queries)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_only_a_result_a_rerun_would_give_again_skips_the_wal_flush(
-    make_tenant, make_service, monkeypatch
-):
-    from django.db import transaction
-
-    from inference.jobs import transitions
+def test_only_a_result_a_rerun_would_give_again_skips_the_wal_flush(make_tenant, make_service):
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
 
     # A store a crash undid is run again (tests/inference/workers/test_leases.py): the same
     # vectors for an embedding, another text for a sampled generation whose client may
@@ -205,22 +204,14 @@ def test_only_a_result_a_rerun_would_give_again_skips_the_wal_flush(
     sampled = make_service("llm", name="store-sync")
     vectors, text = _job(tenant, reproducible), _job(tenant, sampled)
     inside = _job(tenant, reproducible)
-    sent = []  # the store's statements go straight to psycopg2 (execute_values)
-
-    def execute_values(cursor, sql, *args, **kwargs):
-        sent.append(sql)
-        return real_execute_values(cursor, sql, *args, **kwargs)
-
-    real_execute_values = transitions.execute_values
-    monkeypatch.setattr(transitions, "execute_values", execute_values)
 
     def stored(job: Job, *, atomic: bool = False) -> str:
         claim = Job.objects.claim([job.pk], worker="w")
-        sent.clear()
         with transaction.atomic() if atomic else contextlib.nullcontext():
             outcome = Outcome(job=claim.jobs[0], result={"ok": 1}, inference_ms=1.0)
-            assert Job.objects.store_outcomes(claim.token, [outcome]) == 1
-        (sql,) = sent
+            with CaptureQueriesContext(connection) as queries:
+                assert Job.objects.store_outcomes(claim.token, [outcome]) == 1
+        (sql,) = [q["sql"] for q in queries if "EXECUTE renq_store_successes" in q["sql"]]
         return sql
 
     assert stored(vectors).startswith("SET LOCAL synchronous_commit TO off;")
@@ -285,3 +276,76 @@ def test_a_job_redelivered_to_the_process_that_held_it_is_not_counted_as_lost(
     claim = Job.objects.claim([job.pk], redelivered_ids=[job.pk], worker="host:99")
     assert claim.dead_lettered == [job.pk] and not claim.jobs
     assert Job.objects.get(pk=job.pk).status == JobStatus.FAILED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_and_store_are_planned_once_per_session(make_tenant, make_service):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    # A worker claims and stores between every two forward passes: PostgreSQL plans each
+    # statement once per session, whatever the batch's size, and a new session (a reconnect
+    # after a PostgreSQL restart) prepares them again.
+    tenant, _ = make_tenant()
+    service = make_service("noop", name="prepared")
+
+    def run(jobs: list[Job]) -> list[str]:
+        with CaptureQueriesContext(connection) as queries:
+            claim = Job.objects.claim([j.pk for j in jobs], worker="w")
+            outcomes = [Outcome(job=j, result={"n": 1}, inference_ms=1.0) for j in claim.jobs]
+            assert Job.objects.store_outcomes(claim.token, outcomes) == len(jobs)
+        sent = [q["sql"] for q in queries if "renq_" in q["sql"]]
+        return [sql.split()[0] if sql.startswith("PREPARE") else "EXECUTE" for sql in sent]
+
+    connection.close()
+    prepared_then_run = ["PREPARE", "EXECUTE", "PREPARE", "EXECUTE"]
+    assert run([_job(tenant, service)]) == prepared_then_run
+    assert run([_job(tenant, service) for _ in range(3)]) == ["EXECUTE", "EXECUTE"]
+    connection.close()
+    assert run([_job(tenant, service) for _ in range(2)]) == prepared_then_run
+    assert Job.objects.filter(status=JobStatus.SUCCEEDED).count() == 6
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claim_and_store_find_their_jobs_by_id_whatever_the_table_statistics(
+    make_tenant, make_service
+):
+    from django.db import connection
+
+    from inference.jobs.transitions import _BY_ID, _SUCCEED_AND_AUDIT, _claim_layout
+
+    # A generic plan is kept once made. Made on a table just emptied (a new install, a
+    # TRUNCATE), a sequential scan, or a status index full of dead entries, would then be read
+    # by every claim and store however many jobs wait: the plan looks jobs up by id.
+    tenant, _ = make_tenant()
+    job = _job(tenant, make_service("noop", name="planned-by-id"))
+    params = {
+        "token": "00000000-0000-0000-0000-000000000001",
+        "now": job.created_at,
+        "lease_s": 30.0,
+        "attempt": 1,
+        "worker": "w",
+        "ids": [str(job.pk)],
+        "redelivered": [],
+        "max_attempts": 3,
+        "results": ["{}"],
+        "vectors": [None],
+        "started": [job.created_at],
+        "inference_ms": [1.0],
+        "batch_sizes": [1],
+        "tokens": [1],
+    }
+    with connection.cursor() as cursor:
+        for statement in (_claim_layout(Job)[0], _SUCCEED_AND_AUDIT):
+            sql = statement.sql_for(cursor)
+            cursor.execute(
+                "BEGIN; SET LOCAL plan_cache_mode = force_generic_plan;"
+                + _BY_ID
+                + "EXPLAIN "
+                + sql,
+                params,
+            )
+            plan = "\n".join(row[0] for row in cursor.fetchall())
+            cursor.execute("ROLLBACK")
+            assert "inference_job_pkey" in plan, plan
+            assert "Seq Scan on inference_job " not in plan, plan
