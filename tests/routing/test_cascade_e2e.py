@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from decimal import Decimal
 
 import pytest
 
@@ -192,14 +193,17 @@ def test_bad_input_rejected_upstream_ends_the_cascade_at_once(
 
 
 def test_rpm_limit_is_enforced_by_three_io_workers_together(
-    io_workers, make_tenant, make_service, make_backend, free_and_paid, make_route, upstream
+    io_workers, make_tenant, make_service, make_backend, make_route, upstream
 ):
-    """rpm 10 per 3-s window on `free` (a short window, so the test is fast); 3 worker
+    """rpm 10 per 3-s window on `limited` (a short window, so the test is fast); 3 worker
     processes with 8 threads each race for it: never more than 10 calls in a window."""
     service = make_service("embedding", name="burst")
     tenant, _ = make_tenant()
-    _, paid = free_and_paid
     limited = make_backend("limited", rpm_limit=10, rate_window_s=3.0)
+    # The fallback costs more than any latency weighs (routing.router: $0.001 a job weighs
+    # like 1 s): the router keeps to `limited` until its window is full, however slowly a
+    # loaded machine makes the fake upstream answer.
+    paid = make_backend("paid", cost_per_1k_input=Decimal("20"))
     make_route(service, (limited, 1), (paid, 2))
 
     jobs = [submit(tenant, "burst", text=f"burst {i}") for i in range(40)]
