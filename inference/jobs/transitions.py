@@ -164,6 +164,8 @@ RETURNING job_id
         ("tokens", "integer[]"),
     ),
 )
+# A stored row's values, in this order.
+_STORE_COLUMNS = ("ids", "results", "vectors", "started", "inference_ms", "batch_sizes", "tokens")
 
 
 @dataclass
@@ -224,11 +226,10 @@ def _reproducible(outcome: Outcome) -> bool:
     return type(job).service.is_cached(job) and kind_of(job.service.kind).reproducible
 
 
-# A prepared statement's generic plan is made once and then kept: made while the table was
-# small (a new install, a TRUNCATE), a sequential scan would stay its plan as the table grew.
-# With sequential scans off while it runs, and a status test no status index can serve (a
-# CASE), the claim and the store find their rows by id whatever the statistics say; a bitmap
-# scan of a status index would also read every entry a churning queue left dead in it.
+# A prepared statement keeps its generic plan: one made on a small table (a new install, a
+# TRUNCATE) would scan the whole table as it grew, one on a status index would read every
+# entry a churning queue left dead there. Sequential scans off, and a status test no status
+# index can serve (a CASE), leave the primary key whatever the statistics say.
 _BY_ID = "SET LOCAL enable_seqscan TO off;\n"
 
 
@@ -392,24 +393,20 @@ class JobQuerySet(models.QuerySet):
             return 0
         successes = [o for o in outcomes if o.result is not None]
         failures = [o for o in outcomes if o.result is None]
-        columns: dict[str, list] = {
-            "ids": [],
-            "results": [],
-            "vectors": [],
-            "started": [],
-            "inference_ms": [],
-            "batch_sizes": [],
-            "tokens": [],
-        }
+        rows = []
         for o in successes:
             result, vectors = split_result(o.result)
-            columns["ids"].append(str(o.job.pk))
-            columns["results"].append(json.dumps(result))
-            columns["vectors"].append(None if vectors is None else Binary(vectors))
-            columns["started"].append(o.started_at or now)
-            columns["inference_ms"].append(o.inference_ms)
-            columns["batch_sizes"].append(o.batch_size)
-            columns["tokens"].append(o.tokens)
+            rows.append(
+                (
+                    str(o.job.pk),
+                    json.dumps(result),
+                    None if vectors is None else Binary(vectors),
+                    o.started_at or now,
+                    o.inference_ms,
+                    o.batch_size,
+                    o.tokens,
+                )
+            )
         # A batch of successes is one statement, atomic by itself (no BEGIN/COMMIT round
         # trips): the job is finished one round trip after its forward pass. Its completion
         # audit rows come from the same statement, only for the rows it moved, so a second
@@ -423,10 +420,13 @@ class JobQuerySet(models.QuerySet):
         with _atomic_if(bool(failures), self.db), connection.cursor() as cursor:
             if unflushed and failures:
                 cursor.execute(_ASYNC_COMMIT)
-            if successes:
-                params = {"token": str(token), **columns}
-                rows = _execute_by_id(cursor, _SUCCEED_AND_AUDIT, params, unflushed=unflushed)
-                succeeded = {str(row[0]) for row in rows}
+            if rows:
+                # The statement takes the batch column by column.
+                columns = map(list, zip(*rows, strict=True))
+                params = dict(zip(_STORE_COLUMNS, columns, strict=True))
+                params["token"] = str(token)
+                stored = _execute_by_id(cursor, _SUCCEED_AND_AUDIT, params, unflushed=unflushed)
+                succeeded = {str(row[0]) for row in stored}
                 written = len(succeeded)
             failed_now = [
                 o.job.pk

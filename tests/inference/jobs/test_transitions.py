@@ -295,7 +295,7 @@ def test_claim_and_store_are_planned_once_per_session(make_tenant, make_service)
             outcomes = [Outcome(job=j, result={"n": 1}, inference_ms=1.0) for j in claim.jobs]
             assert Job.objects.store_outcomes(claim.token, outcomes) == len(jobs)
         sent = [q["sql"] for q in queries if "renq_" in q["sql"]]
-        return [sql.split()[0] if sql.startswith("PREPARE") else "EXECUTE" for sql in sent]
+        return ["PREPARE" if sql.startswith("PREPARE") else "EXECUTE" for sql in sent]
 
     connection.close()
     prepared_then_run = ["PREPARE", "EXECUTE", "PREPARE", "EXECUTE"]
