@@ -1,13 +1,18 @@
 """What a service's queued backlog costs every new submission: single-job REST POSTs from 8
 client threads, with no worker running, at several depths of queued jobs of the same service
-(rows copied from one submitted job, max_queue_size lifted). Per depth: POSTs/s, POST p50 and
-CPU per POST of the web and PostgreSQL.
+(rows copied from one submitted job). Per depth: POSTs/s, POST p50 and CPU per POST of the web
+and PostgreSQL. Two backlogs:
+
+- `own` (the default): the posting tenant's own jobs, max_queue_size lifted;
+- `bulk`: another tenant's bulk job's pieces, which admission lets past max_queue_size (a bulk
+  is admitted by its own budget), with config.yaml's max_queue_size: what a big job does to
+  everyone else's submissions to its service.
 
 The queue's admission check (`renq_admit_to_queue`) counts the service's queued jobs by tenant
-under the service's advisory lock, so its cost grows with the backlog and every submitter of
-the service waits for it in turn.
+under the service's advisory lock, so whatever it reads every submitter of the service waits
+for in turn.
 
-    .venv/bin/python bench/admission_depth.py [--depths 0 5000 20000 50000] [--posts 1200]
+    .venv/bin/python bench/admission_depth.py [--backlog own|bulk] [--depths 0 5000 20000 50000]
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ SERVICE = "bench-admission"
 CLIENTS = 8
 
 
-def _fill_queue(template_id: str, depth: int) -> None:
-    """Queued copies of the template job until the service has `depth` queued jobs."""
+def _fill_queue(template_id: str, depth: int, owner_id: int | None) -> None:
+    """Queued copies of the template job until the service has `depth` queued jobs; with
+    `owner_id`, that tenant's, as pieces of the template (a bulk job's)."""
     from django.db import connection
 
     from inference.models import Job
@@ -38,16 +44,22 @@ def _fill_queue(template_id: str, depth: int) -> None:
     missing = depth - Job.objects.filter(service__name=SERVICE, status="queued").count()
     if missing <= 0:
         return
-    columns = [f.column for f in Job._meta.concrete_fields if f.column not in ("id", "created_at")]
-    listed = ", ".join(f'"{c}"' for c in columns)
+    fixed = {"tenant_id": owner_id, "parent_id": template_id} if owner_id else {}
+    columns = [
+        f.column for f in Job._meta.concrete_fields if f.column not in ("id", "created_at", *fixed)
+    ]
+    listed = ", ".join(f'"{c}"' for c in [*columns, *fixed])
+    copied = ", ".join([*(f'"{c}"' for c in columns), *("%s" for _ in fixed)])
     with connection.cursor() as cursor:
         cursor.execute(
             f'INSERT INTO {Job._meta.db_table} ("id", "created_at", {listed}) '
-            f"SELECT gen_random_uuid(), now(), {listed} FROM {Job._meta.db_table}, "
+            f"SELECT gen_random_uuid(), now(), {copied} FROM {Job._meta.db_table}, "
             "generate_series(1, %s) WHERE id = %s",
-            [missing, template_id],
+            [*fixed.values(), missing, template_id],
         )
-        cursor.execute(f"ANALYZE {Job._meta.db_table}")
+        # A backlog that has waited a while: its rows vacuumed, so the fill's own upkeep
+        # (autovacuum) does not run in the measurement.
+        cursor.execute(f"VACUUM ANALYZE {Job._meta.db_table}")
 
 
 def _posts(url: str, key: str, count: int) -> tuple[float, list[float]]:
@@ -75,7 +87,7 @@ def _posts(url: str, key: str, count: int) -> tuple[float, list[float]]:
     return time.perf_counter() - started, latencies
 
 
-def run(depths: list[int], posts: int) -> dict:
+def run(depths: list[int], posts: int, backlog: str) -> dict:
     import django
 
     django.setup()
@@ -85,14 +97,21 @@ def run(depths: list[int], posts: int) -> dict:
 
     from bench.cpu import CpuMeter
     from inference.dispatch.queues import service_queues
+    from inference.models import Job
 
-    common.embedding_service(SERVICE)
+    if backlog == "bulk":
+        limit = common.shipped_runtime("embedding")["max_queue_size"]
+        common.embedding_service(SERVICE, max_queue_size=limit)
+        owner, owner_key = common.bench_tenant("bench-bulk")
+    else:
+        common.embedding_service(SERVICE)
+        owner, owner_key = None, ""
     _, key = common.bench_tenant()
     queues = service_queues(SERVICE)
-    results: dict = {"clients": CLIENTS, "posts_per_depth": posts, "depths": {}}
+    results: dict = {"clients": CLIENTS, "posts_per_depth": posts, "backlog": backlog, "depths": {}}
     with ProcessGroup() as procs:
         url = procs.web(free_port(), workers=1)
-        poster = common.JsonPoster(url, key)
+        poster = common.JsonPoster(url, owner_key or key)
         status, _, answer = poster.post(
             "/api/v1/jobs", {"service": SERVICE, "input": {"texts": ["template"]}}
         )
@@ -101,7 +120,7 @@ def run(depths: list[int], posts: int) -> dict:
         template = json.loads(answer)["id"]
         _posts(url, key, 80)  # warm-up
         for depth in sorted(depths):
-            _fill_queue(template, depth)
+            _fill_queue(template, depth, owner.pk if owner else None)
             common.purge_queues(queues)  # the messages are not what is measured
             meter = CpuMeter(common.DB_NAME, {"web": procs.procs["web"].pid})
             meter.start()
@@ -116,6 +135,12 @@ def run(depths: list[int], posts: int) -> dict:
                 "postgres_cpu_ms_per_post": round(1000 * cpu["postgres_s"] / done, 3),
             }
             print(depth, results["depths"][depth], flush=True)
+            if owner:
+                # The posting tenant's own room is the queue less the bulk's share: the next
+                # depth starts from an empty line of its own.
+                Job.objects.filter(service__name=SERVICE).exclude(tenant=owner).exclude(
+                    pk=template
+                ).delete()
         common.purge_queues(queues)
     common.clear_jobs()
     return results
@@ -123,11 +148,15 @@ def run(depths: list[int], posts: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backlog", choices=("own", "bulk"), default="own")
     parser.add_argument("--depths", type=int, nargs="+", default=[0, 5_000, 20_000, 50_000])
-    parser.add_argument("--posts", type=int, default=1200, help="per depth")
+    parser.add_argument(
+        "--posts", type=int, help="per depth (1,200; with --backlog bulk 320, which fit)"
+    )
     parser.add_argument("--out", type=Path, help="also write the figures here (JSON)")
     args = parser.parse_args()
-    common.print_and_keep(run(args.depths, args.posts), args.out)
+    posts = args.posts or (320 if args.backlog == "bulk" else 1200)
+    common.print_and_keep(run(args.depths, posts, args.backlog), args.out)
 
 
 if __name__ == "__main__":

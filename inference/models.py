@@ -335,11 +335,12 @@ class Job(models.Model):
         # Postgres's work per job.
         indexes = [
             models.Index(fields=["tenant", "-created_at"]),
-            # Queue depth, admission, placement, metrics, sweeps: active jobs only.
+            # Queue depth, admission, placement, metrics, sweeps: active jobs only. By tenant,
+            # so admission reads each tenant's queued jobs only as far as they count.
             models.Index(
-                fields=["service", "status"],
+                fields=["service", "status", "tenant"],
                 condition=models.Q(status__in=[JobStatus.QUEUED, JobStatus.RUNNING]),
-                name="inference_job_active",
+                name="inference_job_active_tenant",
             ),
             models.Index(
                 fields=["service", "input_hash", "status"],

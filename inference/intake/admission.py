@@ -223,13 +223,16 @@ class QueueCapacityCheck:
     in the same round trip as its INSERTs: it takes the service's advisory lock (held until
     commit, so concurrent submitters are serialized for one count and none overshoots),
     counts, and aborts the transaction when the jobs do not fit (`renq_admit_to_queue`,
-    migration 0015). The lock is held for the server's own work only, never across a round
+    migration 0017). The lock is held for the server's own work only, never across a round
     trip to the web process, so concurrent submitters wait for a count, not for the network.
 
     What the jobs must fit: the tenant's own queued jobs, plus each other tenant's up to
     `tenant_queue_share` (inference.dispatch.queue_position), plus these, within the tier's
     allowance. A `bulk` job's pieces count only up to that share too (with the tenant's
-    queued jobs): past it they are the bulk's own budget, room no other tenant needed."""
+    queued jobs): past it they are the bulk's own budget, room no other tenant needed. The
+    count reads no further than that (each other tenant's jobs up to the share, the tenant's
+    own up to the allowance), so a deep backlog, a bulk's pieces say, costs a submission no
+    more than a full queue does."""
 
     service: Service
     tier: str
@@ -269,7 +272,7 @@ class QueueCapacityCheck:
         cause = error.__cause__
         if getattr(cause, "pgcode", None) != QUEUE_FULL_SQLSTATE:
             return None
-        service_id, depth, counted = map(int, cause.diag.message_detail.split(":"))
+        service_id, counted = map(int, cause.diag.message_detail.split(":"))
         if service_id != self.service.pk:
             return None  # another service's check of the same request refused it
         service, limit = self.service, self.service.max_queue_size
@@ -281,9 +284,8 @@ class QueueCapacityCheck:
         return AdmissionRefused(
             503,
             "service",
-            f"service '{service.name}' has {depth} queued jobs, {counted} of them counted "
-            f"against you (yours, and each other tenant's up to {share}; max_queue_size "
-            f"{limit}"
+            f"service '{service.name}' has {counted} queued jobs counted against you "
+            f"(yours, and each other tenant's up to {share}; max_queue_size {limit}"
             + ("" if self.tier == Tier.REALTIME else f", {self.allowed} for non-realtime work")
             + f"); {self.jobs} more do not fit; retry later.",
             retry_after_s=retry,

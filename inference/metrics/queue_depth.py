@@ -1,6 +1,7 @@
 """Queue depth, one definition for admission (inference.intake.admission, whose SQL counts the
-same rows under its lock: migration 0015), `GET /api/v1/queues` (inference.dispatch.
-queue_report) and `renq_queue_depth` (inference.metrics.collector) (Issue #27).
+same rows under its lock, each tenant's as far as they count: migration 0017), `GET
+/api/v1/queues` (inference.dispatch.queue_report) and `renq_queue_depth`
+(inference.metrics.collector) (Issue #27).
 
 A service's depth in a tier is its queued jobs that wait in that tier's queue: their own tier,
 or the one aging promoted them to. Bulk pieces count, as the jobs of their tier they are; a

@@ -92,6 +92,35 @@ def test_one_tenants_flood_cannot_fill_the_queue_for_the_others(make_tenant, sma
     assert post_job(quiet, small_queue).status_code == 202
 
 
+def test_a_bulks_backlog_costs_other_submitters_only_what_it_counts(make_tenant, small_queue):
+    # 1,000 pieces count as 5 against another tenant: its submission's check reads about
+    # that many rows, not the 1,000 (which every submission to the service would wait for
+    # in turn, under the service's lock).
+    from django.db import connection, transaction
+
+    from inference.intake.admission import QueueCapacityCheck
+
+    bulk = post_bulk(client_of(make_tenant, "bulky"), small_queue, 8000)
+    assert bulk.status_code == 202 and bulk.json()["progress"]["total"] == 1000
+    other, _ = make_tenant(name="other")
+    check = QueueCapacityCheck(small_queue, "batch", jobs=1, tenant=other)
+    # The session's row counters of the job table and its indexes, not yet reported.
+    rows_read = (
+        "SELECT pg_stat_get_xact_tuples_returned(%s::regclass)"
+        " + (SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid)) FROM pg_index"
+        "    WHERE indrelid = %s::regclass)"
+    )
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(rows_read, [Job._meta.db_table] * 2)
+        (before,) = cursor.fetchone()
+        cursor.execute(*check.statement())
+        assert cursor.fetchone() == (5,)  # what counts against the other tenant
+        cursor.execute(rows_read, [Job._meta.db_table] * 2)
+        (after,) = cursor.fetchone()
+        transaction.set_rollback(True)
+    assert after - before < 50
+
+
 def test_pieces_keep_the_parents_tenant_and_tier_and_are_routed_to_their_tier_queue(
     make_tenant, small_queue, make_route
 ):
