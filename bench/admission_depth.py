@@ -1,7 +1,8 @@
 """What a service's queued backlog costs every new submission: single-job REST POSTs from 8
 client threads, with no worker running, at several depths of queued jobs of the same service
 (rows copied from one submitted job). Per depth: POSTs/s, POST p50 and CPU per POST of the web
-and PostgreSQL. Two backlogs:
+and PostgreSQL; then a client's GETs of one of its queued jobs, one after another (p50 and
+PostgreSQL CPU per GET). Two backlogs:
 
 - `own` (the default): the posting tenant's own jobs, max_queue_size lifted;
 - `bulk`: another tenant's bulk job's pieces, which admission lets past max_queue_size (a bulk
@@ -32,6 +33,8 @@ from bench import common  # noqa: E402  (the bench's own stores, before Django)
 
 SERVICE = "bench-admission"
 CLIENTS = 8
+# GETs of one of the posting tenant's queued jobs per depth (its page explains its wait).
+LOOKS = 50
 
 
 def _fill_queue(template_id: str, depth: int, owner_id: int | None) -> None:
@@ -87,6 +90,19 @@ def _posts(url: str, key: str, count: int) -> tuple[float, list[float]]:
     return time.perf_counter() - started, latencies
 
 
+def _looks(url: str, key: str, job_id: str, count: int) -> list[float]:
+    """`count` GETs of one queued job, one after another: latencies in ms."""
+    poster = common.JsonPoster(url, key)
+    latencies = []
+    for _ in range(count):
+        started = time.perf_counter()
+        status, _, answer = poster.get(f"/api/v1/jobs/{job_id}")
+        if status != 200 or json.loads(answer)["wait"] is None:
+            raise RuntimeError(f"GET answered {status}: {answer[:300]!r}")
+        latencies.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
 def run(depths: list[int], posts: int, backlog: str) -> dict:
     import django
 
@@ -127,12 +143,21 @@ def run(depths: list[int], posts: int, backlog: str) -> dict:
             seconds, latencies = _posts(url, key, posts)
             cpu = meter.stop()
             done = len(latencies)
+            mine = Job.objects.filter(service__name=SERVICE, status="queued").exclude(
+                tenant__name="bench-bulk"
+            )
+            meter = CpuMeter(common.DB_NAME, {"web": procs.procs["web"].pid})
+            meter.start()
+            looks = _looks(url, key, str(mine.latest("created_at").pk), LOOKS)
+            looked = meter.stop()
             results["depths"][depth] = {
                 "posts_s": round(done / seconds, 1),
                 "post_ms_p50": round(statistics.median(latencies), 2),
                 "post_ms_p99": round(common.pct(latencies, 99), 2),
                 "web_cpu_ms_per_post": round(1000 * cpu["web_s"] / done, 3),
                 "postgres_cpu_ms_per_post": round(1000 * cpu["postgres_s"] / done, 3),
+                "get_ms_p50": round(statistics.median(looks), 2),
+                "postgres_cpu_ms_per_get": round(1000 * looked["postgres_s"] / LOOKS, 3),
             }
             print(depth, results["depths"][depth], flush=True)
             if owner:

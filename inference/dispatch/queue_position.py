@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import redis
 from django.conf import settings
-from django.db.models import Count, F, Q, Sum, TextField
+from django.db.models import Count, F, Q, QuerySet, Sum, TextField
 from django.db.models.functions import Cast, Length
 from django.utils import timezone
 
@@ -28,7 +29,12 @@ from inference.config.plans import plan_weight
 from inference.config.tiers import current_tier_policies
 from inference.jobs.kinds import CHARS_PER_TOKEN, kind_of
 from inference.jobs.tiers import TIER_NAMES, Tier
-from inference.metrics.queue_depth import WAITING_TIER, service_depth, tenant_depths
+from inference.metrics.queue_depth import (
+    WAITING_TIER,
+    queued_jobs,
+    service_depth,
+    tenant_depths,
+)
 from inference.models import Job, JobStatus, Service
 from inference.scheduling.cost_model import BatchCostModel
 from renq_site.shared_redis import shared_redis
@@ -170,6 +176,14 @@ def _cooling_down(job: Job) -> bool:
         return False  # a statistic: no answer means no cooldown shown
 
 
+# A service's queue at least this deep (jobs its local workers take) is read whole at most
+# once per DEEP_BACKLOG_KEPT_S in a process: every queued job's page explains its wait, and
+# each read of it costs PostgreSQL in proportion to the whole backlog. A job's own tenant's
+# line is read at each explanation, so its place among its own jobs is always exact.
+DEEP_BACKLOG_JOBS = 1_000
+DEEP_BACKLOG_KEPT_S = 1.0
+
+
 @dataclass
 class _Line:
     """One (tier, tenant) backlog of the service's queued jobs."""
@@ -182,6 +196,19 @@ class _Line:
     # This job's own tenant and tier only: its jobs queued before it.
     earlier_jobs: int = 0
     earlier_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class _Backlog:
+    """A deep queue's lines and its tenants' depths (admission's), read at `read_at`."""
+
+    lines: list[_Line]
+    tenant_depths: dict[int, int]
+    read_at: float
+
+
+# Service id → its deep backlog as last read by this process.
+_deep_backlogs: dict[int, _Backlog] = {}
 
 
 def explain_wait(job: Job, now: datetime | None = None) -> dict | None:
@@ -202,7 +229,9 @@ def explain_wait(job: Job, now: datetime | None = None) -> dict | None:
 
     `predicted_start` is now + (position + running / 2) / the measured throughput (jobs/s of
     the service's local workers); `predicted_finish` adds the cost model's run of the job's
-    own tokens. `reason` is the most binding of `reasons` (see WAIT_REASONS).
+    own tokens. `reason` is the most binding of `reasons` (see WAIT_REASONS). In a queue of
+    DEEP_BACKLOG_JOBS or more, the other tenants' jobs are as read at most DEEP_BACKLOG_KEPT_S
+    ago.
     """
     if job.status != JobStatus.QUEUED or job.is_bulk:
         return None  # a bulk job's pieces are what wait, each with its own place
@@ -215,32 +244,22 @@ def explain_wait(job: Job, now: datetime | None = None) -> dict | None:
     local = Job.objects.filter(service=service, is_bulk=False).exclude(
         route__backend__kind="openai"
     )
-    own_earlier = Q(tenant_id=job.tenant_id, created_at__lt=job.created_at) | Q(
-        tenant_id=job.tenant_id, created_at=job.created_at, pk__lt=job.pk
-    )
-    rows = (
-        local.filter(status=JobStatus.QUEUED)
-        .annotate(waiting_tier=WAITING_TIER)
-        .values("waiting_tier", "tenant_id", "tenant__plan")
-        .annotate(
-            jobs=Count("id"),
-            tokens=Sum(ESTIMATED_TOKENS),
-            earlier_jobs=Count("id", filter=own_earlier),
-            earlier_tokens=Sum(ESTIMATED_TOKENS, filter=own_earlier),
-        )
-    )
-    lines = [
-        _Line(
-            row["waiting_tier"],
-            row["tenant_id"],
-            row["tenant__plan"],
-            row["jobs"],
-            int(row["tokens"] or 0),
-            row["earlier_jobs"],
-            int(row["earlier_tokens"] or 0),
-        )
-        for row in rows
-    ]
+    queued = local.filter(status=JobStatus.QUEUED)
+    kept = _deep_backlogs.get(service.pk)
+    if kept is not None and time.monotonic() - kept.read_at < DEEP_BACKLOG_KEPT_S:
+        # The other tenants' lines as read a moment ago; the job's own tenant's, now.
+        mine = _lines(queued.filter(tenant_id=job.tenant_id), job)
+        lines = [line for line in kept.lines if line.tenant_id != job.tenant_id] + mine
+        own_depth = queued_jobs().filter(service=service, tenant_id=job.tenant_id).count()
+        depths = {**kept.tenant_depths, job.tenant_id: own_depth}
+    else:
+        lines = _lines(queued, job)
+        depths = None
+        if sum(line.jobs for line in lines) >= DEEP_BACKLOG_JOBS:
+            depths = tenant_depths(service)
+            _deep_backlogs[service.pk] = _Backlog(lines, depths, time.monotonic())
+        else:
+            _deep_backlogs.pop(service.pk, None)
     running = local.filter(status=JobStatus.RUNNING).count()
     # Measured as ESTIMATED_TOKENS measures the others, so the fair share compares like.
     own_tokens = max(1, len(_input_text(job)) // CHARS_PER_TOKEN)
@@ -291,7 +310,7 @@ def explain_wait(job: Job, now: datetime | None = None) -> dict | None:
     run_s = _own_run_s(service, input_tokens + output_tokens, 1 / rate)
     # Admission's count (the queue depth, weighed by tenant), not only the local line's.
     reasons = wait_reasons(
-        queue_full=queue_full_for(service, job.tenant_id, tier),
+        queue_full=queue_full_for(service, job.tenant_id, tier, depths),
         at_quota=job.tenant_id in tenants_at_quota([job.tenant_id]),
         cooling_down=_cooling_down(job),
         higher_tiers_waiting=higher_waiting,
@@ -308,6 +327,36 @@ def explain_wait(job: Job, now: datetime | None = None) -> dict | None:
         "reason": reasons[0],
         "reasons": reasons,
     }
+
+
+def _lines(queued: QuerySet, job: Job) -> list[_Line]:
+    """The (tier, tenant) lines of these queued jobs, with `job`'s own tenant's jobs queued
+    before it."""
+    own_earlier = Q(tenant_id=job.tenant_id, created_at__lt=job.created_at) | Q(
+        tenant_id=job.tenant_id, created_at=job.created_at, pk__lt=job.pk
+    )
+    rows = (
+        queued.annotate(waiting_tier=WAITING_TIER)
+        .values("waiting_tier", "tenant_id", "tenant__plan")
+        .annotate(
+            jobs=Count("id"),
+            tokens=Sum(ESTIMATED_TOKENS),
+            earlier_jobs=Count("id", filter=own_earlier),
+            earlier_tokens=Sum(ESTIMATED_TOKENS, filter=own_earlier),
+        )
+    )
+    return [
+        _Line(
+            row["waiting_tier"],
+            row["tenant_id"],
+            row["tenant__plan"],
+            row["jobs"],
+            int(row["tokens"] or 0),
+            row["earlier_jobs"],
+            int(row["earlier_tokens"] or 0),
+        )
+        for row in rows
+    ]
 
 
 def _input_text(job: Job) -> str:

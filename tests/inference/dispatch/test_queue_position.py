@@ -8,9 +8,11 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 import pytest
+from django.db import connection
 from rest_framework.test import APIClient
 
 from inference.config.plans import plan_weight
+from inference.dispatch import queue_position
 from inference.dispatch.queue_position import explain_wait, retry_after_s
 from inference.models import Job, JobStatus
 from renq_site.shared_redis import shared_redis
@@ -184,3 +186,46 @@ def test_a_lone_job_queued_long_ago_waits_for_nothing(make_tenant, service):
     (job,) = queue(tenant, service, 1, created_at=datetime.now().astimezone() - timedelta(hours=1))
     wait = explain_wait(job)
     assert wait["position"] == 0 and wait["reason"] == "next_in_line"
+
+
+def test_a_deep_queue_is_read_whole_once_a_moment_and_a_jobs_own_line_each_time(
+    make_tenant, service, monkeypatch
+):
+    monkeypatch.setattr(queue_position, "DEEP_BACKLOG_JOBS", 100)
+    monkeypatch.setattr(queue_position, "_deep_backlogs", {})
+    flood, _ = make_tenant("flood")
+    mine, _ = make_tenant("mine")
+    # Realtime: wholly ahead of a batch job, so every flood job read shows in its position.
+    Job.objects.bulk_create(
+        Job(tenant=flood, service=service, tier="realtime", input=TEXT) for _ in range(300)
+    )
+    first = queue(mine, service, 1)[0]
+    whole_read, whole = rows_read(lambda: explain_wait(first))
+
+    # Within the moment: the flood as read, the own tenant's line as it is now.
+    queue(flood, service, 50, tier="realtime")
+    second = queue(mine, service, 1)[0]
+    kept_read, kept = rows_read(lambda: explain_wait(second))
+    assert kept_read < 100 <= 300 < whole_read
+    assert whole["position"] == 300
+    assert kept["position"] == 301  # `first` is ahead of it
+
+    # After it, the whole queue again: the 50 later flood jobs are seen.
+    monkeypatch.setattr(queue_position, "DEEP_BACKLOG_KEPT_S", 0.0)
+    assert explain_wait(second)["position"] == 351
+
+
+def rows_read(explain) -> tuple[int, dict]:
+    """Rows of the job table and its indexes the call read, and what it returned."""
+    statement = (
+        "SELECT pg_stat_get_xact_tuples_returned(%s::regclass)"
+        " + (SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid)) FROM pg_index"
+        "    WHERE indrelid = %s::regclass)"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(statement, [Job._meta.db_table] * 2)
+        (before,) = cursor.fetchone()
+        answer = explain()
+        cursor.execute(statement, [Job._meta.db_table] * 2)
+        (after,) = cursor.fetchone()
+    return after - before, answer
