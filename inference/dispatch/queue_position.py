@@ -12,15 +12,19 @@ the batch cost model (inference.scheduling.cost_model) predicts the job's own ru
 
 from __future__ import annotations
 
+import bisect
 import json
 import math
 import time
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
+from itertools import accumulate
 
 import redis
 from django.conf import settings
+from django.db import connection
 from django.db.models import Count, F, Q, QuerySet, Sum, TextField
 from django.db.models.functions import Cast, Length
 from django.utils import timezone
@@ -35,7 +39,7 @@ from inference.metrics.queue_depth import (
     service_depth,
     tenant_depths,
 )
-from inference.models import Job, JobStatus, Service
+from inference.models import Job, JobStatus, Service, Tenant
 from inference.scheduling.cost_model import BatchCostModel
 from renq_site.shared_redis import shared_redis
 from routing.capacity import PRIOR_BATCH_RUN_S, local_throughput
@@ -113,18 +117,29 @@ def wait_reasons(
     return reasons or ["next_in_line"]
 
 
+def _active_jobs() -> QuerySet:
+    """The jobs max_running_jobs counts (admission's own count: every service, bulk pieces
+    aside)."""
+    return Job.objects.filter(status__in=ACTIVE_STATUSES, parent__isnull=True)
+
+
 def tenants_at_quota(tenant_ids: Iterable[int]) -> set[int]:
-    """The tenants with max_running_jobs jobs queued or running (admission's own count: every
-    service, bulk pieces aside): their new jobs are refused with 429."""
+    """The tenants with max_running_jobs jobs queued or running: their new jobs are refused
+    with 429."""
     return set(
-        Job.objects.filter(
-            tenant_id__in=list(tenant_ids), status__in=ACTIVE_STATUSES, parent__isnull=True
-        )
+        _active_jobs()
+        .filter(tenant_id__in=list(tenant_ids))
         .values("tenant_id", "tenant__max_running_jobs")
         .annotate(active=Count("id"))
         .filter(tenant__max_running_jobs__gt=0, active__gte=F("tenant__max_running_jobs"))
         .values_list("tenant_id", flat=True)
     )
+
+
+def tenant_at_quota(tenant: Tenant) -> bool:
+    """tenants_at_quota for one tenant, its jobs counted only as far as its limit."""
+    limit = tenant.max_running_jobs
+    return bool(limit) and _active_jobs().filter(tenant=tenant)[:limit].count() >= limit
 
 
 def throughput_jobs_s(service: Service) -> float:
@@ -179,7 +194,8 @@ def _cooling_down(job: Job) -> bool:
 # A service's queue at least this deep (jobs its local workers take) is read whole at most
 # once per DEEP_BACKLOG_KEPT_S in a process: every queued job's page explains its wait, and
 # each read of it costs PostgreSQL in proportion to the whole backlog. A job's own tenant's
-# line is read at each explanation, so its place among its own jobs is always exact.
+# line is read at each explanation unless it is that deep itself: then its jobs' order is
+# kept as long, and a job finds its place in it.
 DEEP_BACKLOG_JOBS = 1_000
 DEEP_BACKLOG_KEPT_S = 1.0
 
@@ -211,6 +227,121 @@ class _Backlog:
 _deep_backlogs: dict[int, _Backlog] = {}
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def _micros(moment: datetime) -> int:
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+@dataclass(frozen=True)
+class _TierOrder:
+    """One tenant's queued jobs of one tier by created_at, in arrays (a deep backlog may hold
+    millions): each distinct created_at, and the running count and tokens of the jobs up to
+    and including it."""
+
+    created_us: array
+    running_jobs: array
+    running_tokens: array
+
+    def before(self, created_us: int) -> tuple[int, int]:
+        """The jobs created before that microsecond, and their tokens."""
+        i = bisect.bisect_left(self.created_us, created_us)
+        return (self.running_jobs[i - 1], self.running_tokens[i - 1]) if i else (0, 0)
+
+    def at(self, created_us: int) -> int:
+        """The jobs created at that microsecond (a POST of many jobs shares one)."""
+        i = bisect.bisect_left(self.created_us, created_us)
+        if i == len(self.created_us) or self.created_us[i] != created_us:
+            return 0
+        return self.running_jobs[i] - (self.running_jobs[i - 1] if i else 0)
+
+
+@dataclass(frozen=True)
+class _TenantBacklog:
+    """One tenant's queued jobs of a deep queue, by waiting tier, read at `read_at`."""
+
+    plan: str
+    tiers: dict[str, _TierOrder]
+    read_at: float
+
+    def lines(self, job: Job, queued: QuerySet) -> list[_Line]:
+        """The tenant's lines, with `job`'s place in each: its jobs queued before it. Jobs
+        created in the same microsecond go by id, as the queue's order does: those few are
+        read now."""
+        created_us = _micros(job.created_at)
+        ties = {}
+        if sum(order.at(created_us) for order in self.tiers.values()) > 1:
+            same = queued.filter(tenant_id=job.tenant_id, created_at=job.created_at)
+            ties = {line.tier: line for line in _lines(same, job)}
+        lines = []
+        for tier, order in self.tiers.items():
+            earlier_jobs, earlier_tokens = order.before(created_us)
+            if tier in ties:
+                earlier_jobs += ties[tier].earlier_jobs
+                earlier_tokens += ties[tier].earlier_tokens
+            lines.append(
+                _Line(
+                    tier,
+                    job.tenant_id,
+                    self.plan,
+                    order.running_jobs[-1],
+                    order.running_tokens[-1],
+                    earlier_jobs,
+                    earlier_tokens,
+                )
+            )
+        return lines
+
+
+# (service id, tenant id) → that tenant's deep backlog as last read by this process.
+_tenant_backlogs: dict[tuple[int, int], _TenantBacklog] = {}
+
+
+def _tenant_backlog(queued: QuerySet, job: Job) -> _TenantBacklog:
+    """`job`'s tenant's queued jobs, read at most DEEP_BACKLOG_KEPT_S ago."""
+    key = (job.service_id, job.tenant_id)
+    kept = _tenant_backlogs.get(key)
+    if kept is not None and time.monotonic() - kept.read_at < DEEP_BACKLOG_KEPT_S:
+        return kept
+    per_moment = (
+        queued.filter(tenant_id=job.tenant_id)
+        .annotate(waiting_tier=WAITING_TIER)
+        .values("waiting_tier", "created_at")
+        .annotate(jobs=Count("id"), tokens=Sum(ESTIMATED_TOKENS))
+        .order_by()
+    )
+    sql, params = per_moment.query.sql_with_params()
+    # One row per tier, its columns as arrays: a row per created_at would cost the web process
+    # Python objects for each of a deep line's tens of thousands.
+    in_order = "ORDER BY created_at"
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT waiting_tier,"
+            f" array_agg((extract(epoch FROM created_at) * 1000000)::bigint {in_order}),"
+            f" array_agg(jobs {in_order}), array_agg(tokens {in_order})"
+            f" FROM ({sql}) AS per_moment GROUP BY waiting_tier",
+            params,
+        )
+        tiers = {
+            tier: _TierOrder(
+                array("q", created_us),
+                array("q", accumulate(jobs)),
+                array("q", accumulate(int(n or 0) for n in tokens)),
+            )
+            for tier, created_us, jobs, tokens in cursor.fetchall()
+        }
+    now = time.monotonic()
+    # A tenant no longer polled holds no memory (list(): one step, whatever other threads do).
+    for stale, backlog in list(_tenant_backlogs.items()):
+        if now - backlog.read_at >= DEEP_BACKLOG_KEPT_S:
+            _tenant_backlogs.pop(stale, None)
+    kept = _TenantBacklog(job.tenant.plan, tiers, now)
+    _tenant_backlogs[key] = kept
+    return kept
+
+
 def explain_wait(job: Job, now: datetime | None = None) -> dict | None:
     """Why a queued job waits and when it should run; None once it is no longer queued.
 
@@ -231,7 +362,7 @@ def explain_wait(job: Job, now: datetime | None = None) -> dict | None:
     the service's local workers); `predicted_finish` adds the cost model's run of the job's
     own tokens. `reason` is the most binding of `reasons` (see WAIT_REASONS). In a queue of
     DEEP_BACKLOG_JOBS or more, the other tenants' jobs are as read at most DEEP_BACKLOG_KEPT_S
-    ago.
+    ago, and so are the tenant's own if it has that many queued.
     """
     if job.status != JobStatus.QUEUED or job.is_bulk:
         return None  # a bulk job's pieces are what wait, each with its own place
@@ -247,11 +378,16 @@ def explain_wait(job: Job, now: datetime | None = None) -> dict | None:
     queued = local.filter(status=JobStatus.QUEUED)
     kept = _deep_backlogs.get(service.pk)
     if kept is not None and time.monotonic() - kept.read_at < DEEP_BACKLOG_KEPT_S:
-        # The other tenants' lines as read a moment ago; the job's own tenant's, now.
-        mine = _lines(queued.filter(tenant_id=job.tenant_id), job)
-        lines = [line for line in kept.lines if line.tenant_id != job.tenant_id] + mine
-        own_depth = queued_jobs().filter(service=service, tenant_id=job.tenant_id).count()
-        depths = {**kept.tenant_depths, job.tenant_id: own_depth}
+        lines = [line for line in kept.lines if line.tenant_id != job.tenant_id]
+        if kept.tenant_depths.get(job.tenant_id, 0) >= DEEP_BACKLOG_JOBS:
+            # A deep line of its own too: its place in it found in the line as kept.
+            lines += _tenant_backlog(queued, job).lines(job, queued)
+            depths = kept.tenant_depths
+        else:
+            # The other tenants' lines as read a moment ago; the job's own tenant's, now.
+            lines += _lines(queued.filter(tenant_id=job.tenant_id), job)
+            own_depth = queued_jobs().filter(service=service, tenant_id=job.tenant_id).count()
+            depths = {**kept.tenant_depths, job.tenant_id: own_depth}
     else:
         lines = _lines(queued, job)
         depths = None
@@ -311,7 +447,7 @@ def explain_wait(job: Job, now: datetime | None = None) -> dict | None:
     # Admission's count (the queue depth, weighed by tenant), not only the local line's.
     reasons = wait_reasons(
         queue_full=queue_full_for(service, job.tenant_id, tier, depths),
-        at_quota=job.tenant_id in tenants_at_quota([job.tenant_id]),
+        at_quota=tenant_at_quota(job.tenant),
         cooling_down=_cooling_down(job),
         higher_tiers_waiting=higher_waiting,
         other_tenants_waiting=others_waiting,

@@ -5,7 +5,7 @@ its predicted drain time."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection
@@ -229,3 +229,39 @@ def rows_read(explain) -> tuple[int, dict]:
         cursor.execute(statement, [Job._meta.db_table] * 2)
         (after,) = cursor.fetchone()
     return after - before, answer
+
+
+def test_a_tenants_own_deep_line_is_kept_in_order_and_each_job_finds_its_place(
+    make_tenant, service, monkeypatch
+):
+    monkeypatch.setattr(queue_position, "DEEP_BACKLOG_JOBS", 100)
+    monkeypatch.setattr(queue_position, "_deep_backlogs", {})
+    monkeypatch.setattr(queue_position, "_tenant_backlogs", {})
+    other, _ = make_tenant("other")
+    mine, _ = make_tenant("mine")
+    queue(other, service, 20, tier="realtime")
+    # Texts of several lengths, so each place is also a different sum of tokens ahead; the
+    # last 50 ten to a created_at, as a POST of many jobs makes them, so ties go by id.
+    start = datetime.now(UTC)
+    jobs = [
+        Job.objects.create(
+            tenant=mine,
+            service=service,
+            tier="batch",
+            input={"texts": ["x" * (8 * (i % 7))]},
+            created_at=start + timedelta(milliseconds=i if i < 100 else 100 + i // 10),
+        )
+        for i in range(150)
+    ]
+    in_order = sorted(jobs, key=lambda job: (job.created_at, job.pk.bytes))
+    sampled = [jobs[0], jobs[41], jobs[60], jobs[99], jobs[123], in_order[-1]]
+    kept = [explain_wait(job) for job in sampled[:2]]  # the queue, then the tenant's line
+    read, alone = rows_read(lambda: [explain_wait(job) for job in sampled[2:4]])
+    assert read < 100  # two jobs placed in the line as read once (170 jobs)
+    kept += alone + [explain_wait(job) for job in sampled[4:]]  # ties: those few read
+
+    monkeypatch.setattr(queue_position, "DEEP_BACKLOG_KEPT_S", 0.0)
+    fresh = [explain_wait(job) for job in sampled]
+    places = [20 + in_order.index(job) for job in sampled]  # the realtime jobs, then its own
+    assert [w["position"] for w in kept] == [w["position"] for w in fresh] == places
+    assert [w["work_ahead_tokens"] for w in kept] == [w["work_ahead_tokens"] for w in fresh]
