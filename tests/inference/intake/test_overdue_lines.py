@@ -24,6 +24,13 @@ pytestmark = pytest.mark.django_db
 QUEUE_TIMEOUT_S = 2.0
 
 
+@pytest.fixture(autouse=True)
+def held_for_the_test(monkeypatch):
+    """A late claim's mark outlasts a test's few submissions on a busy machine (the shipped
+    hold is a quarter second); the test of its lapse sets its own."""
+    monkeypatch.setattr(overdue, "OVERDUE_HOLD_MS", 5_000)
+
+
 @pytest.fixture
 def embedding(make_service):
     return make_service("embedding", queue_timeout=QUEUE_TIMEOUT_S, total_timeout=5.0)
@@ -134,10 +141,10 @@ def test_batch_work_that_waited_long_marks_nothing(api, embedding):
 
 
 def test_the_line_is_accepted_again_once_no_claim_is_late(api, embedding, monkeypatch):
-    monkeypatch.setattr(overdue, "OVERDUE_HOLD_MS", 200)
+    monkeypatch.setattr(overdue, "OVERDUE_HOLD_MS", 1_000)
     late_with_a_backlog(api)
     assert submit(api).status_code == 503
 
-    time.sleep(0.3)  # no late claim renewed the mark
+    time.sleep(1.0 + 2 * overdue.CHECK_REUSE_S)  # no late claim renewed the mark
 
     assert submit(api).status_code == 202
