@@ -23,6 +23,8 @@ from typing import Any
 import requests
 
 TERMINAL_STATUSES = frozenset({"succeeded", "failed", "expired", "cancelled"})
+# The longest a read may wait on the server for its job to end (GET /api/v1/jobs/<id>?wait=).
+MAX_READ_WAIT_S = 60.0
 RETRYABLE_STATUSES = frozenset({429, 503})
 # The API accepts up to 1,000 jobs per POST; smaller requests keep each transaction short.
 DEFAULT_CHUNK = 100
@@ -154,15 +156,22 @@ class RenqClient:
         return self._request("POST", f"jobs/{job_id}/cancel").json()
 
     def wait(self, job_id: str, *, timeout_s: float = 300.0, poll_s: float = 0.1) -> dict:
-        """The job once final (succeeded, failed, expired, cancelled)."""
+        """The job once final (succeeded, failed, expired, cancelled). Each read waits on the
+        server for the job to end (`?wait=`, at most half the client's timeout), so the job is
+        answered as it ends rather than found by polling; `poll_s` paces reads that come back
+        early and unfinished (a server that does not wait)."""
         deadline = time.monotonic() + timeout_s
         while True:
-            job = self.get(job_id)
+            left_s = deadline - time.monotonic()
+            asked_s = max(0.05, min(left_s, self.timeout_s / 2, MAX_READ_WAIT_S))
+            asked_at = time.monotonic()
+            job = self._request("GET", f"jobs/{job_id}", params={"wait": f"{asked_s:.3f}"}).json()
             if job["status"] in TERMINAL_STATUSES:
                 return job
             if time.monotonic() > deadline:
                 raise TimeoutError(f"job {job_id} still {job['status']} after {timeout_s} s")
-            time.sleep(poll_s)
+            if time.monotonic() - asked_at < asked_s:
+                time.sleep(poll_s)
 
     def services(self) -> list[dict]:
         data = self._request("GET", "services").json()

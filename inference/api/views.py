@@ -3,7 +3,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from asgiref.sync import async_to_sync, sync_to_async
+from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404
@@ -35,6 +35,7 @@ from inference.delivery.waiting import (
     new_job_id,
     subscribe,
     wait_for_final_job,
+    wait_synchronously,
 )
 from inference.dispatch.queue_report import queue_report
 from inference.intake.bulk import submit_bulk
@@ -98,7 +99,7 @@ ENCODING_FORMAT_PARAMETER = OpenApiParameter(
 
 
 def requested_wait(request) -> float | None:
-    """`?wait=<seconds>`: how long a POST may wait for its job to be final (None: not at
+    """`?wait=<seconds>`: how long a request may wait for its job to be final (None: not at
     all); another value is a 400 naming it."""
     value = request.query_params.get("wait")
     if value is None:
@@ -243,7 +244,7 @@ class JobListCreateView(generics.ListAPIView):
 
         if on_event_loop:
             return DeferredResponse(answer)
-        return async_to_sync(answer)()
+        return wait_synchronously(answer)
 
     def _post_many(self, request, context: dict):
         items = request.data
@@ -342,19 +343,51 @@ def _own_jobs(request):
     return Job.objects.select_related("service", "route__backend").filter(tenant=request.user)
 
 
+READ_WAIT_PARAMETER = OpenApiParameter(
+    "wait",
+    type={"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": MAX_WAIT_S},
+    description="Wait up to this many seconds (at most 60) for the job to be final, then "
+    "answer with the job as it is then: a long poll, in place of polling.",
+)
+
+
+def _job_page(request, job_id, context: dict) -> dict:
+    """The tenant's job as its page shows it (404 when it has no such job)."""
+    attempts = Prefetch(
+        "routing_attempts",
+        queryset=JobAttempt.objects.select_related("backend").order_by("started_at", "id"),
+    )
+    job = get_object_or_404(_own_jobs(request).prefetch_related(attempts), pk=job_id)
+    return JobSerializer(answered_job(job), context=context).data
+
+
 class JobDetailView(APIView):
     @extend_schema(
-        parameters=[ENCODING_FORMAT_PARAMETER],
+        parameters=[ENCODING_FORMAT_PARAMETER, READ_WAIT_PARAMETER],
         responses={200: JobSerializer, **error_responses(400, 404)},
     )
     def get(self, request, job_id):
         context = requested_encoding(request)
-        attempts = Prefetch(
-            "routing_attempts",
-            queryset=JobAttempt.objects.select_related("backend").order_by("started_at", "id"),
-        )
-        job = get_object_or_404(_own_jobs(request).prefetch_related(attempts), pk=job_id)
-        return Response(JobSerializer(answered_job(job), context=context).data)
+        wait_s = requested_wait(request)
+        page = _job_page(request, job_id, context)
+        if wait_s is None or page["status"] in TERMINAL_STATUSES:
+            return Response(page)
+
+        async def answer() -> AnswerResponse:
+            # Any notice (or a read that finds it final) ends the wait; the page is then read
+            # as without one, so it is the same page either way.
+            await wait_for_final_job(
+                job_id,
+                lambda: sync_to_async(_final_job, thread_sensitive=True)(job_id),
+                timeout_s=wait_s,
+                from_notice=lambda notice: notice,
+            )
+            read = sync_to_async(_job_page, thread_sensitive=True)
+            return AnswerResponse(await read(request, job_id, context))
+
+        if isinstance(request._request, ASGIRequest):
+            return DeferredResponse(answer)  # no request thread held while it waits
+        return wait_synchronously(answer)
 
     @extend_schema(
         summary="Cancel a job (the same as POST /jobs/{job_id}/cancel)",

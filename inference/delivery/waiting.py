@@ -37,6 +37,7 @@ from typing import TypeVar
 
 import redis
 import redis.asyncio
+from asgiref.sync import async_to_sync
 from django.conf import settings
 from django.utils import timezone
 
@@ -182,6 +183,7 @@ end
 return (#ARGV - 2) / 3
 """
 KEPT_ANSWER_PREFIX = "renq:answered:"
+NOTIFY_CHUNK = 1_000
 
 
 def kept_answer_key(job_id: str | uuid.UUID) -> str:
@@ -247,17 +249,20 @@ def notify_finished(
     now = timezone.now()
     notices = {str(o.job.pk): notice_of(o, now, stored=stored) for o in outcomes}
     mode = "" if not notices else "forget" if stored else "keep"
-    args: list = [mode, kept_answer_ms()]
-    for job_id in job_ids:
-        args += [job_channel(job_id), notices.get(str(job_id), HINT), kept_answer_key(job_id)]
-    if len(args) == 2:
-        return
-    try:
-        registered_script(shared_redis(), _PUBLISH_EACH)(args=args)
-    except Exception:  # noqa: BLE001 - never let a notification break storing outcomes
-        logger.warning(
-            "could not notify waiters of %d finished jobs", len(args) // 3, exc_info=True
-        )
+    job_ids = list(job_ids)
+    # A cancelled bulk job or an expired backlog may name many thousands: a bounded script
+    # call each, so Redis is never held long by one.
+    for first in range(0, len(job_ids), NOTIFY_CHUNK):
+        args: list = [mode, kept_answer_ms()]
+        for job_id in job_ids[first : first + NOTIFY_CHUNK]:
+            args += [job_channel(job_id), notices.get(str(job_id), HINT), kept_answer_key(job_id)]
+        try:
+            registered_script(shared_redis(), _PUBLISH_EACH)(args=args)
+        except Exception:  # noqa: BLE001 - never let a notification break storing outcomes
+            logger.warning(
+                "could not notify waiters of %d finished jobs", len(args) // 3, exc_info=True
+            )
+            return
 
 
 def on_jobs_finished(sender, *, job_ids, stored: Sequence[Outcome] = (), **_kwargs) -> None:
@@ -426,6 +431,16 @@ class JobWaiters:
             if confirmation is not None:
                 await asyncio.wait_for(asyncio.shield(confirmation), SUBSCRIBE_CONFIRM_TIMEOUT_S)
 
+    async def close(self) -> None:
+        """Stop reading and close the connection (an event loop that ends with its waiters)."""
+        if self._reader is not None:
+            self._reader.cancel()
+        if self._pubsub is not None:
+            try:
+                await self._pubsub.aclose()
+            except (redis.RedisError, OSError):
+                pass  # the connection is gone already
+
     async def _read(self) -> None:
         pubsub = self._pubsub
         while True:
@@ -471,6 +486,22 @@ class JobWaiters:
 
 
 _job_waiters: dict[asyncio.AbstractEventLoop, JobWaiters] = {}
+
+
+def wait_synchronously(answer: Callable[[], Awaitable[T]]) -> T:
+    """Run a waiting view's answer from synchronous code (a WSGI server, Django's test client)
+    on an event loop of its own, and close that loop's subscriber connection after it: it is
+    not left open until the garbage collector finds it."""
+
+    async def run() -> T:
+        try:
+            return await answer()
+        finally:
+            waiters = _job_waiters.pop(asyncio.get_running_loop(), None)
+            if waiters is not None:
+                await waiters.close()
+
+    return async_to_sync(run)()
 
 
 def job_waiters() -> JobWaiters:

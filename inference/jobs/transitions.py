@@ -323,6 +323,21 @@ def _leaving(queryset: JobQuerySet, from_status: str, status: str, reason: str) 
     )
 
 
+def _finishing(queryset: JobQuerySet, from_status: str, **final) -> int:
+    """A filtered move to a final status (`final`: the columns it writes); `jobs_finished`
+    names the jobs it moves once that is committed, so their waiters answer at once, not on
+    their next re-read. The ids are read before the move: one that joins it in between is
+    moved unannounced (its waiters re-read), one that leaves it is announced for nothing (an
+    announcement is a hint to look)."""
+    moving = queryset.filter(status=from_status)
+    job_ids = list(moving.values_list("pk", flat=True))
+    if not job_ids:
+        return 0
+    moved = moving.update(**final)
+    _finished_on_commit(queryset.model, job_ids, queryset.db)
+    return moved
+
+
 class JobQuerySet(models.QuerySet):
     # --- the worker's claim and its outcomes -------------------------------------------------
 
@@ -485,15 +500,21 @@ class JobQuerySet(models.QuerySet):
         """running → failed without an outcome from a model: lost too often, or no backend
         of its cascade could run it; also a bulk parent whose pieces failed."""
         _leaving(self, JobStatus.RUNNING, JobStatus.FAILED, "gave_up")
-        return self.filter(status=JobStatus.RUNNING).update(
-            status=JobStatus.FAILED, finished_at=timezone.now(), error=error[:4000]
+        return _finishing(
+            self,
+            JobStatus.RUNNING,
+            status=JobStatus.FAILED,
+            finished_at=timezone.now(),
+            error=error[:4000],
         )
 
     def finish_bulk(self, result: dict) -> int:
         """running → succeeded for a bulk parent, with its pieces' results assembled
         (vectors stored as bytes, as store_outcomes stores them)."""
         result, vectors = split_result(result)
-        return self.filter(status=JobStatus.RUNNING, is_bulk=True).update(
+        return _finishing(
+            self.filter(is_bulk=True),
+            JobStatus.RUNNING,
             status=JobStatus.SUCCEEDED,
             result=result,
             result_vectors=vectors,
@@ -503,22 +524,34 @@ class JobQuerySet(models.QuerySet):
     def expire(self, reason: str) -> int:
         """queued → expired: nobody started it within its deadline."""
         _leaving(self, JobStatus.QUEUED, JobStatus.EXPIRED, "deadline")
-        return self.filter(status=JobStatus.QUEUED).update(
-            status=JobStatus.EXPIRED, finished_at=timezone.now(), error=reason
+        return _finishing(
+            self,
+            JobStatus.QUEUED,
+            status=JobStatus.EXPIRED,
+            finished_at=timezone.now(),
+            error=reason,
         )
 
     def cancel(self) -> int:
         """queued → cancelled; a job a worker already claimed runs to its end."""
         _leaving(self, JobStatus.QUEUED, JobStatus.CANCELLED, "by_request")
-        return self.filter(status=JobStatus.QUEUED).update(
-            status=JobStatus.CANCELLED, finished_at=timezone.now(), error="cancelled by request"
+        return _finishing(
+            self,
+            JobStatus.QUEUED,
+            status=JobStatus.CANCELLED,
+            finished_at=timezone.now(),
+            error="cancelled by request",
         )
 
     def cancel_bulk(self) -> int:
         """running → cancelled for a bulk parent: its queued pieces are cancelled by the
         caller; pieces already running finish, and the chord's callback then finds nothing."""
-        return self.filter(status=JobStatus.RUNNING, is_bulk=True).update(
-            status=JobStatus.CANCELLED, finished_at=timezone.now(), error="cancelled by request"
+        return _finishing(
+            self.filter(is_bulk=True),
+            JobStatus.RUNNING,
+            status=JobStatus.CANCELLED,
+            finished_at=timezone.now(),
+            error="cancelled by request",
         )
 
     def revive(self) -> int:

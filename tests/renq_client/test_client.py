@@ -3,6 +3,7 @@ submission larger than the service's rate limit waits out the 429s and loses not
 
 from __future__ import annotations
 
+import threading
 from io import StringIO
 
 import pytest
@@ -80,3 +81,15 @@ def test_cli_submit_status_and_queues(worker, live_server, make_tenant, tmp_path
     row = next(line for line in out.getvalue().splitlines() if line.startswith(SERVICE))
     # idle; one worker consuming its four tier queues
     assert row.split()[1:] == ["0", "0", "0", "0", "0", "4"]
+
+
+def test_wait_reads_once_while_the_job_waits_on_the_server(live_server, make_service, make_tenant):
+    unserved = make_service("embedding", name="client-unserved").name
+    _, key = make_tenant("patient")
+    client = RenqClient(live_server.url, key)
+    job_id = client.submit(unserved, {"texts": ["nobody runs this"]})["id"]
+    # Cancelled by another client a second in; a client polling every 0.1 s would read ~10 times.
+    threading.Timer(1.0, RenqClient(live_server.url, key).cancel, (job_id,)).start()
+    before = client.stats.requests
+    assert client.wait(job_id, timeout_s=20)["status"] == "cancelled"
+    assert client.stats.requests - before <= 2

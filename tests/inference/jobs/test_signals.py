@@ -106,3 +106,49 @@ def test_a_filtered_move_is_announced_before_its_rows_change(make_tenant, make_s
     finally:
         signals.jobs_leaving.disconnect(count)
     assert statuses == [(JobStatus.QUEUED, JobStatus.QUEUED, JobStatus.CANCELLED, "by_request")]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    "move",
+    [
+        lambda jobs: jobs.cancel(),
+        lambda jobs: jobs.expire("too late"),
+    ],
+    ids=["cancel", "expire"],
+)
+def test_a_filtered_move_to_a_final_status_names_the_jobs_it_moved_once_committed(
+    make_tenant, make_service, django_capture_on_commit_callbacks, move
+):
+    tenant, _ = make_tenant()
+    service = make_service("embedding")
+    moved, other = _job(tenant, service), _job(tenant, service)
+    with (
+        Heard(signals.jobs_finished) as finished,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        assert move(Job.objects.filter(pk=moved.pk)) == 1
+    assert [call["job_ids"] for call in finished.calls] == [[moved.pk]]
+    assert Job.objects.get(pk=other.pk).status == JobStatus.QUEUED
+
+    with Heard(signals.jobs_finished) as again:  # nothing left to move: nothing announced
+        assert move(Job.objects.filter(pk=moved.pk)) == 0
+    assert again.calls == []
+
+
+@pytest.mark.django_db
+def test_a_bulk_parents_end_names_it_once_committed(
+    make_tenant, make_service, django_capture_on_commit_callbacks
+):
+    tenant, _ = make_tenant()
+    service = make_service("embedding")
+    parent = Job.objects.create(
+        tenant=tenant, service=service, tier="batch", input={"texts": ["x"]}, is_bulk=True
+    )
+    Job.objects.filter(pk=parent.pk).update(status=JobStatus.RUNNING)
+    with (
+        Heard(signals.jobs_finished) as finished,
+        django_capture_on_commit_callbacks(execute=True),
+    ):
+        assert Job.objects.filter(pk=parent.pk).finish_bulk({"embeddings": [[1.0]]}) == 1
+    assert [call["job_ids"] for call in finished.calls] == [[parent.pk]]
