@@ -18,6 +18,7 @@ from inference.api import schema as _schema  # noqa: F401 - registers the API ke
 from inference.api.errors import error_response, error_responses
 from inference.api.head_start import offered_job_id
 from inference.api.intake import job_fields, requested_actor
+from inference.api.query import NamedQueryParameters
 from inference.api.serializers import (
     BulkJobSubmitSerializer,
     JobAcceptedSerializer,
@@ -121,7 +122,11 @@ def requested_encoding(request) -> dict:
     return {"encoding_format": encoding_format}
 
 
-class JobListCreateView(generics.ListAPIView):
+class JobListCreateView(NamedQueryParameters, generics.ListAPIView):
+    query_parameters = {
+        "GET": frozenset({"status", "service", "limit", "offset"}),
+        "POST": frozenset({"wait", "encoding_format"}),
+    }
     serializer_class = JobSummarySerializer
     # Jobs are JSON (a form field cannot carry an input object): anything else is a 415.
     parser_classes = [JSONParser]
@@ -296,7 +301,7 @@ class JobListCreateView(generics.ListAPIView):
         )
 
 
-class BulkJobCreateView(APIView):
+class BulkJobCreateView(NamedQueryParameters, APIView):
     parser_classes = [JSONParser]
 
     @extend_schema(
@@ -361,7 +366,9 @@ def _job_page(request, job_id, context: dict) -> dict:
     return JobSerializer(answered_job(job), context=context).data
 
 
-class JobDetailView(APIView):
+class JobDetailView(NamedQueryParameters, APIView):
+    query_parameters = {"GET": frozenset({"encoding_format", "wait"})}
+
     @extend_schema(
         parameters=[ENCODING_FORMAT_PARAMETER, READ_WAIT_PARAMETER],
         responses={200: JobSerializer, **error_responses(400, 404)},
@@ -396,13 +403,13 @@ class JobDetailView(APIView):
             "It stays readable with status `cancelled`, and the answer is the job, as "
             "POST /jobs/{job_id}/cancel gives it."
         ),
-        responses={200: JobSerializer, **error_responses(404, 409)},
+        responses={200: JobSerializer, **error_responses(400, 404, 409)},
     )
     def delete(self, request, job_id):
         return cancel_response(request, job_id)
 
 
-class JobCancelView(APIView):
+class JobCancelView(NamedQueryParameters, APIView):
     @extend_schema(
         operation_id="jobs_cancel",
         summary="Cancel a job",
@@ -412,7 +419,7 @@ class JobCancelView(APIView):
             "worker already started or finished cannot be cancelled (409). Nothing is deleted."
         ),
         request=None,
-        responses={200: JobSerializer, **error_responses(404, 409)},
+        responses={200: JobSerializer, **error_responses(400, 404, 409)},
     )
     def post(self, request, job_id):
         return cancel_response(request, job_id)
@@ -431,7 +438,8 @@ def cancel_response(request, job_id) -> Response:
     return Response(JobSerializer(job).data)
 
 
-class ServiceListView(generics.ListAPIView):
+class ServiceListView(NamedQueryParameters, generics.ListAPIView):
+    query_parameters = {"GET": frozenset({"limit", "offset"})}
     serializer_class = ServiceSerializer
     queryset = Service.objects.filter(active=True)
 
@@ -440,10 +448,10 @@ class ServiceListView(generics.ListAPIView):
         return super().get(request, *args, **kwargs)
 
 
-class QueueReportView(APIView):
+class QueueReportView(NamedQueryParameters, APIView):
     """Per service and tier: depth, oldest wait, completions in the last minute, and the batch
     cost model with its preemption budget."""
 
-    @extend_schema(responses={200: OpenApiTypes.OBJECT, **error_responses(401)})
+    @extend_schema(responses={200: OpenApiTypes.OBJECT, **error_responses(400, 401)})
     def get(self, request):
         return Response({"services": queue_report()})
