@@ -90,6 +90,14 @@ WAIT_PARAMETER = OpenApiParameter(
     "its result when it is, else 202 as without a wait. One job per POST.",
 )
 
+READ_WAIT_PARAMETER = OpenApiParameter(
+    "wait",
+    type={"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": MAX_WAIT_S},
+    description="Wait up to this many seconds (at most 60) for the job to be final, then "
+    "answer with the job as it is then: a long poll, in place of polling.",
+)
+
+
 ENCODING_FORMAT_PARAMETER = OpenApiParameter(
     "encoding_format",
     enum=list(ENCODING_FORMATS),
@@ -348,22 +356,18 @@ def _own_jobs(request):
     return Job.objects.select_related("service", "route__backend").filter(tenant=request.user)
 
 
-READ_WAIT_PARAMETER = OpenApiParameter(
-    "wait",
-    type={"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": MAX_WAIT_S},
-    description="Wait up to this many seconds (at most 60) for the job to be final, then "
-    "answer with the job as it is then: a long poll, in place of polling.",
-)
-
-
-def _job_page(request, job_id, context: dict) -> dict:
-    """The tenant's job as its page shows it (404 when it has no such job)."""
+def _read_job(request, job_id) -> Job:
+    """The tenant's job as a read shows it (answered_job), with what its page lists; 404 when
+    it has no such job."""
     attempts = Prefetch(
         "routing_attempts",
         queryset=JobAttempt.objects.select_related("backend").order_by("started_at", "id"),
     )
-    job = get_object_or_404(_own_jobs(request).prefetch_related(attempts), pk=job_id)
-    return JobSerializer(answered_job(job), context=context).data
+    return answered_job(get_object_or_404(_own_jobs(request).prefetch_related(attempts), pk=job_id))
+
+
+def _job_page(request, job_id, context: dict) -> dict:
+    return JobSerializer(_read_job(request, job_id), context=context).data
 
 
 class JobDetailView(NamedQueryParameters, APIView):
@@ -376,9 +380,9 @@ class JobDetailView(NamedQueryParameters, APIView):
     def get(self, request, job_id):
         context = requested_encoding(request)
         wait_s = requested_wait(request)
-        page = _job_page(request, job_id, context)
-        if wait_s is None or page["status"] in TERMINAL_STATUSES:
-            return Response(page)
+        job = _read_job(request, job_id)
+        if wait_s is None or job.is_terminal:
+            return Response(JobSerializer(job, context=context).data)
 
         async def answer() -> AnswerResponse:
             # Any notice (or a read that finds it final) ends the wait; the page is then read

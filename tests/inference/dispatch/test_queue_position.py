@@ -8,7 +8,6 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
 from rest_framework.test import APIClient
 
 from inference.config.plans import plan_weight
@@ -17,6 +16,7 @@ from inference.dispatch.queue_position import explain_wait, retry_after_s
 from inference.models import Job, JobStatus
 from renq_site.shared_redis import shared_redis
 from routing.stats import throughput_key, update_ewma
+from tests.inference.job_rows import job_rows_read
 
 pytestmark = pytest.mark.django_db
 
@@ -200,12 +200,12 @@ def test_a_deep_queue_is_read_whole_once_a_moment_and_a_jobs_own_line_each_time(
         Job(tenant=flood, service=service, tier="realtime", input=TEXT) for _ in range(300)
     )
     first = queue(mine, service, 1)[0]
-    whole_read, whole = rows_read(lambda: explain_wait(first))
+    whole_read, whole = job_rows_read(lambda: explain_wait(first))
 
     # Within the moment: the flood as read, the own tenant's line as it is now.
     queue(flood, service, 50, tier="realtime")
     second = queue(mine, service, 1)[0]
-    kept_read, kept = rows_read(lambda: explain_wait(second))
+    kept_read, kept = job_rows_read(lambda: explain_wait(second))
     assert kept_read < 100 <= 300 < whole_read
     assert whole["position"] == 300
     assert kept["position"] == 301  # `first` is ahead of it
@@ -213,22 +213,6 @@ def test_a_deep_queue_is_read_whole_once_a_moment_and_a_jobs_own_line_each_time(
     # After it, the whole queue again: the 50 later flood jobs are seen.
     monkeypatch.setattr(queue_position, "DEEP_BACKLOG_KEPT_S", 0.0)
     assert explain_wait(second)["position"] == 351
-
-
-def rows_read(explain) -> tuple[int, dict]:
-    """Rows of the job table and its indexes the call read, and what it returned."""
-    statement = (
-        "SELECT pg_stat_get_xact_tuples_returned(%s::regclass)"
-        " + (SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid)) FROM pg_index"
-        "    WHERE indrelid = %s::regclass)"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(statement, [Job._meta.db_table] * 2)
-        (before,) = cursor.fetchone()
-        answer = explain()
-        cursor.execute(statement, [Job._meta.db_table] * 2)
-        (after,) = cursor.fetchone()
-    return after - before, answer
 
 
 def test_a_tenants_own_deep_line_is_kept_in_order_and_each_job_finds_its_place(
@@ -256,7 +240,7 @@ def test_a_tenants_own_deep_line_is_kept_in_order_and_each_job_finds_its_place(
     in_order = sorted(jobs, key=lambda job: (job.created_at, job.pk.bytes))
     sampled = [jobs[0], jobs[41], jobs[60], jobs[99], jobs[123], in_order[-1]]
     kept = [explain_wait(job) for job in sampled[:2]]  # the queue, then the tenant's line
-    read, alone = rows_read(lambda: [explain_wait(job) for job in sampled[2:4]])
+    read, alone = job_rows_read(lambda: [explain_wait(job) for job in sampled[2:4]])
     assert read < 100  # two jobs placed in the line as read once (170 jobs)
     kept += alone + [explain_wait(job) for job in sampled[4:]]  # ties: those few read
 

@@ -19,6 +19,7 @@ from inference.models import Job, JobStatus
 from inference.workers.sweeper import promote_waiting_jobs
 from routing.models import Backend, JobRoute
 from tests.conftest import purge_test_queues
+from tests.inference.job_rows import job_rows_read
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -104,21 +105,17 @@ def test_a_bulks_backlog_costs_other_submitters_only_what_it_counts(make_tenant,
     assert bulk.status_code == 202 and bulk.json()["progress"]["total"] == 1000
     other, _ = make_tenant(name="other")
     check = QueueCapacityCheck(small_queue, "batch", jobs=1, tenant=other)
-    # The session's row counters of the job table and its indexes, not yet reported.
-    rows_read = (
-        "SELECT pg_stat_get_xact_tuples_returned(%s::regclass)"
-        " + (SELECT sum(pg_stat_get_xact_tuples_returned(indexrelid)) FROM pg_index"
-        "    WHERE indrelid = %s::regclass)"
-    )
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(rows_read, [Job._meta.db_table] * 2)
-        (before,) = cursor.fetchone()
-        cursor.execute(*check.statement())
-        assert cursor.fetchone() == (5,)  # what counts against the other tenant
-        cursor.execute(rows_read, [Job._meta.db_table] * 2)
-        (after,) = cursor.fetchone()
+
+    def counted() -> tuple:
+        with connection.cursor() as cursor:
+            cursor.execute(*check.statement())
+            return cursor.fetchone()
+
+    with transaction.atomic():
+        read, answer = job_rows_read(counted)
         transaction.set_rollback(True)
-    assert after - before < 50
+    assert answer == (5,)  # what counts against the other tenant
+    assert read < 50
 
 
 def test_pieces_keep_the_parents_tenant_and_tier_and_are_routed_to_their_tier_queue(
