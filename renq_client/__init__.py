@@ -28,6 +28,12 @@ MAX_READ_WAIT_S = 60.0
 RETRYABLE_STATUSES = frozenset({429, 503})
 # The API accepts up to 1,000 jobs per POST; smaller requests keep each transaction short.
 DEFAULT_CHUNK = 100
+# The most jobs one read names (GET /api/v1/jobs:batchGet).
+BATCH_GET_IDS = 100
+# How long `results` lets the server hold a read for the next job to finish, and how often it
+# reads every pending job: a job that finishes out of order is found at most this late.
+RESULTS_WAIT_S = 5.0
+RESULTS_SWEEP_S = 5.0
 
 
 class RenqError(Exception):
@@ -238,6 +244,15 @@ class RenqClient:
                 bar.close()
         return ids
 
+    def get_many(self, job_ids: list[str], *, wait_s: float | None = None) -> list[dict]:
+        """Up to 100 jobs in one read, each with its result, in the order named. `wait_s`: the
+        server answers once one of them that was not final is (a long poll), or after that
+        long. RenqError 404 for an id you have no job of."""
+        params: dict[str, Any] = {"id": list(job_ids)}
+        if wait_s is not None:
+            params["wait"] = f"{wait_s:.3f}"
+        return self._request("GET", "jobs:batchGet", params=params).json()["jobs"]
+
     def results(
         self,
         job_ids: Iterable[str],
@@ -246,26 +261,55 @@ class RenqClient:
         poll_s: float = 0.5,
         progress: bool = False,
     ) -> Iterator[dict]:
-        """Yield each job once it is final, in the order they finish."""
+        """Yield each job once it is final, in the order they finish.
+
+        Rounds `poll_s` apart read the pending jobs in the order given, 100 per request, and
+        stop at the first hundred with none final: jobs mostly finish in the order submitted,
+        so the rest would read as pending too. The first round, and one every
+        `RESULTS_SWEEP_S`, reads them all: a job that finishes out of order is found at most
+        that long and one waiting read (`RESULTS_WAIT_S`) late. After a round that found none
+        final, the next one's first read waits on the server for one of its jobs to finish
+        instead of sleeping."""
         pending = list(dict.fromkeys(job_ids))
         bar = _progress(len(pending), "done", progress)
         deadline = time.monotonic() + timeout_s
+        swept = float("-inf")
+        idle = False  # the last round found no job final
         try:
             while pending:
-                still = []
-                for job_id in pending:
-                    job = self.get(job_id)
-                    if job["status"] in TERMINAL_STATUSES:
-                        if bar is not None:
-                            bar.update(1)
-                        yield job
-                    else:
-                        still.append(job_id)
+                still: list[str] = []
+                began = time.monotonic()
+                sweep = began - swept >= RESULTS_SWEEP_S
+                if sweep:
+                    swept = began
+                asked_s = 0.0
+                for start in range(0, len(pending), BATCH_GET_IDS):
+                    wait_s = None
+                    if idle and start == 0 and not sweep:
+                        left_s = min(deadline - time.monotonic(), self.timeout_s / 2)
+                        wait_s = asked_s = max(0.05, min(left_s, RESULTS_WAIT_S))
+                    chunk = pending[start : start + BATCH_GET_IDS]
+                    final = 0
+                    for job in self.get_many(chunk, wait_s=wait_s):
+                        if job["status"] in TERMINAL_STATUSES:
+                            final += 1
+                            if bar is not None:
+                                bar.update(1)
+                            yield job
+                        else:
+                            still.append(job["id"])
+                    if not final and not sweep:
+                        still += pending[start + BATCH_GET_IDS :]
+                        break
+                idle = len(still) == len(pending)
                 pending = still
-                if pending:
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"{len(pending)} jobs not final after {timeout_s} s")
-                    time.sleep(poll_s)
+                if not pending:
+                    break
+                if idle and time.monotonic() > deadline:
+                    raise TimeoutError(f"{len(pending)} jobs not final after {timeout_s} s")
+                if not idle or (asked_s and time.monotonic() - began < asked_s):
+                    # Jobs are finishing (or the server did not wait): a round per poll_s.
+                    time.sleep(max(0.0, poll_s - (time.monotonic() - began)))
         finally:
             if bar is not None:
                 bar.close()

@@ -253,6 +253,18 @@ class JobSummarySerializer(JobSerializer):
         ]
 
 
+class JobResultSerializer(JobSerializer):
+    """A job in a batch read (GET /jobs:batchGet): its page with its result, without its input
+    (the client sent it) or `wait` (the job's own page explains its wait)."""
+
+    class Meta(JobSerializer.Meta):
+        fields = [f for f in JobSerializer.Meta.fields if f not in {"input", "wait"}]
+
+
+class BatchJobsSerializer(serializers.Serializer):
+    jobs = JobResultSerializer(many=True)
+
+
 class ServiceSerializer(serializers.ModelSerializer):
     runtime = serializers.SerializerMethodField()
 

@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
 from rest_framework import generics, status
+from rest_framework.exceptions import NotFound
 from rest_framework.parsers import JSONParser
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -20,8 +21,10 @@ from inference.api.head_start import offered_job_id
 from inference.api.intake import job_fields, requested_actor
 from inference.api.query import NamedQueryParameters
 from inference.api.serializers import (
+    BatchJobsSerializer,
     BulkJobSubmitSerializer,
     JobAcceptedSerializer,
+    JobResultSerializer,
     JobSerializer,
     JobSubmitSerializer,
     JobSummarySerializer,
@@ -33,8 +36,10 @@ from inference.delivery.json_response import AnswerResponse
 from inference.delivery.waiting import (
     answered_job,
     answered_jobs,
+    kept_answers,
     new_job_id,
     subscribe,
+    wait_for_any_final,
     wait_for_final_job,
     wait_synchronously,
 )
@@ -411,6 +416,118 @@ class JobDetailView(NamedQueryParameters, APIView):
     )
     def delete(self, request, job_id):
         return cancel_response(request, job_id)
+
+
+# The most jobs one batch read names: a hundred ids are a 4 KB query string.
+MAX_BATCH_GET_IDS = 100
+
+
+def requested_job_ids(request) -> list[uuid.UUID]:
+    """`?id=<job id>&id=…`: the jobs a batch read names, in order (a repeated id once)."""
+    values = request.query_params.getlist("id")
+    if not values:
+        raise InputError("id", "name at least one job: ?id=<job id>&id=<job id>.")
+    if len(values) > MAX_BATCH_GET_IDS:
+        raise InputError("id", f"names {len(values)} jobs; at most {MAX_BATCH_GET_IDS} per read.")
+    ids = []
+    for value in values:
+        try:
+            ids.append(uuid.UUID(value))
+        except ValueError:
+            raise InputError("id", f"{value[:40]!r} is not a job id (a UUID).") from None
+    return list(dict.fromkeys(ids))
+
+
+def _jobs_page(request, job_ids: list[uuid.UUID], context: dict) -> dict:
+    """The tenant's jobs, in the order named, each as a read shows it (answered_jobs); 404
+    naming an id the tenant has no job of."""
+    attempts = Prefetch(
+        "routing_attempts",
+        queryset=JobAttempt.objects.select_related("backend").order_by("started_at", "id"),
+    )
+    jobs = _own_jobs(request).prefetch_related(attempts).filter(pk__in=job_ids)
+    found = {job.pk: job for job in jobs}
+    missing = [job_id for job_id in job_ids if job_id not in found]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise NotFound(f"no job {missing[0]}{more}")
+    named = answered_jobs([found[job_id] for job_id in job_ids])
+    return {"jobs": JobResultSerializer(named, many=True, context=context).data}
+
+
+def _any_final(request, job_ids: list[uuid.UUID]) -> bool:
+    """Whether one of the tenant's jobs is final, or answered before its store."""
+    statuses = Job.objects.filter(tenant=request.user, pk__in=job_ids).values_list("pk", "status")
+    running = []
+    for job_id, job_status in statuses:
+        if job_status in TERMINAL_STATUSES:
+            return True
+        if job_status == JobStatus.RUNNING:
+            running.append(job_id)
+    return bool(running) and bool(kept_answers(running))
+
+
+class JobBatchGetView(NamedQueryParameters, APIView):
+    """Many jobs in one read: what a client waiting for a list of jobs asks, instead of one
+    GET per job per round."""
+
+    query_parameters = {"GET": frozenset({"id", "encoding_format", "wait"})}
+
+    @extend_schema(
+        summary="Read many jobs",
+        operation_id="v1_jobs_batch_get",
+        description=(
+            f"Up to {MAX_BATCH_GET_IDS} of your jobs by id (`?id=<job id>&id=<job id>`), in "
+            "the order named (a repeated id once), each as its own page shows it but without "
+            "`input` and `wait`: status, result, timings. An id you have no job of is a 404 "
+            "naming it. With `wait`, the read answers once one of the named jobs that was not "
+            "final is, or when the wait runs out: a long poll for the next job of a list to "
+            "finish, in place of a GET per job per round."
+        ),
+        parameters=[
+            OpenApiParameter(
+                "id",
+                {
+                    "type": "array",
+                    "items": {"type": "string", "format": "uuid"},
+                    "minItems": 1,
+                    "maxItems": MAX_BATCH_GET_IDS,
+                },
+                required=True,
+                explode=True,
+                description="A job id; repeat it for each job.",
+            ),
+            ENCODING_FORMAT_PARAMETER,
+            OpenApiParameter(
+                "wait",
+                type=READ_WAIT_PARAMETER.type,
+                description="Wait up to this many seconds (at most 60) for one of the named jobs "
+                "that is not final to be, then answer with them all as they are then.",
+            ),
+        ],
+        responses={200: BatchJobsSerializer, **error_responses(400, 404)},
+    )
+    def get(self, request):
+        context = requested_encoding(request)
+        wait_s = requested_wait(request)
+        job_ids = requested_job_ids(request)
+        page = _jobs_page(request, job_ids, context)
+        pending = [job["id"] for job in page["jobs"] if job["status"] not in TERMINAL_STATUSES]
+        if wait_s is None or not pending:
+            return Response(page)
+
+        async def answer() -> AnswerResponse:
+            await wait_for_any_final(
+                pending,
+                lambda: sync_to_async(_any_final, thread_sensitive=True)(request, pending),
+                timeout_s=wait_s,
+            )
+            read = sync_to_async(_jobs_page, thread_sensitive=True)
+            return AnswerResponse(await read(request, job_ids, context))
+
+        if isinstance(request._request, ASGIRequest):
+            return DeferredResponse(answer)  # no request thread held while it waits
+        return wait_synchronously(answer)
 
 
 class JobCancelView(NamedQueryParameters, APIView):

@@ -555,3 +555,41 @@ async def wait_for_final_job(
         return None
     finally:
         await subscription.close()
+
+
+async def wait_for_any_final(
+    job_ids: Sequence[str | uuid.UUID],
+    read_any_final: Callable[[], Awaitable[bool]],
+    *,
+    timeout_s: float,
+) -> bool:
+    """Wait until one of these jobs is final; False when `timeout_s` passes first.
+
+    `read_any_final` reads the jobs from Postgres and says whether one of them is final. It
+    runs once every subscription is confirmed, after each notification (one is only a hint:
+    the read decides) and once per SAFETY_RECHECK_S, as `wait_for_final_job`'s does."""
+    deadline = time.monotonic() + timeout_s
+    subscriptions = await asyncio.gather(*(subscribe(job_id) for job_id in job_ids))
+    heard: asyncio.Queue[None] = asyncio.Queue()
+
+    async def relay(subscription: Subscription) -> None:
+        while await subscription.next(SAFETY_RECHECK_S) is None:
+            pass
+        heard.put_nowait(None)
+
+    relays = [asyncio.create_task(relay(subscription)) for subscription in subscriptions]
+    try:
+        if await read_any_final():
+            return True
+        while (left_s := deadline - time.monotonic()) > 0:
+            try:
+                await asyncio.wait_for(heard.get(), min(left_s, SAFETY_RECHECK_S))
+            except TimeoutError:
+                pass
+            if await read_any_final():
+                return True
+        return False
+    finally:
+        for task in relays:
+            task.cancel()
+        await asyncio.gather(*(subscription.close() for subscription in subscriptions))

@@ -21,7 +21,7 @@ from inference.dispatch.broker import consumer_count
 from inference.dispatch.queues import service_tier_queues
 from inference.jobs.tiers import TIER_ORDER
 from inference.models import Job, JobStatus, Service
-from renq_client import RenqClient, RenqError
+from renq_client import BATCH_GET_IDS, RenqClient, RenqError
 
 
 def _inputs(kind: str, lines: list[str], per_job: int, query: str | None) -> list[dict]:
@@ -111,7 +111,8 @@ class Command(BaseCommand):
         if wait:
             jobs = list(client.results(ids, progress=progress))
         else:
-            jobs = [client.get(job_id) for job_id in ids]
+            chunks = [ids[i : i + BATCH_GET_IDS] for i in range(0, len(ids), BATCH_GET_IDS)]
+            jobs = [job for chunk in chunks for job in client.get_many(chunk)]
         by_status = Counter(job["status"] for job in jobs)
         waits = [j["queue_wait_ms"] for j in jobs if j.get("queue_wait_ms") is not None]
         infer = [j["inference_ms"] for j in jobs if j.get("inference_ms") is not None]
