@@ -255,10 +255,13 @@ class JobSummarySerializer(JobSerializer):
 
 class JobResultSerializer(JobSerializer):
     """A job in a batch read (GET /jobs:batchGet): its page with its result, without its input
-    (the client sent it) or `wait` (the job's own page explains its wait)."""
+    (the client sent it), `wait` or `backend_attempts` (the job's own page shows them: each
+    costs queries per job)."""
 
     class Meta(JobSerializer.Meta):
-        fields = [f for f in JobSerializer.Meta.fields if f not in {"input", "wait"}]
+        fields = [
+            f for f in JobSerializer.Meta.fields if f not in {"input", "wait", "backend_attempts"}
+        ]
 
 
 class BatchJobsSerializer(serializers.Serializer):

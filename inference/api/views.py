@@ -441,12 +441,7 @@ def requested_job_ids(request) -> list[uuid.UUID]:
 def _jobs_page(request, job_ids: list[uuid.UUID], context: dict) -> dict:
     """The tenant's jobs, in the order named, each as a read shows it (answered_jobs); 404
     naming an id the tenant has no job of."""
-    attempts = Prefetch(
-        "routing_attempts",
-        queryset=JobAttempt.objects.select_related("backend").order_by("started_at", "id"),
-    )
-    jobs = _own_jobs(request).prefetch_related(attempts).filter(pk__in=job_ids)
-    found = {job.pk: job for job in jobs}
+    found = {job.pk: job for job in _own_jobs(request).filter(pk__in=job_ids).defer("input")}
     missing = [job_id for job_id in job_ids if job_id not in found]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -479,7 +474,8 @@ class JobBatchGetView(NamedQueryParameters, APIView):
         description=(
             f"Up to {MAX_BATCH_GET_IDS} of your jobs by id (`?id=<job id>&id=<job id>`), in "
             "the order named (a repeated id once), each as its own page shows it but without "
-            "`input` and `wait`: status, result, timings. An id you have no job of is a 404 "
+            "`input`, `wait` and `backend_attempts`: status, result, timings, backend. An id "
+            "you have no job of is a 404 "
             "naming it. With `wait`, the read answers once one of the named jobs that was not "
             "final is, or when the wait runs out: a long poll for the next job of a list to "
             "finish, in place of a GET per job per round."

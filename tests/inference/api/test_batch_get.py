@@ -152,3 +152,17 @@ def test_results_finds_a_job_that_finishes_out_of_order(front_door_url, unserved
 
     assert sorted(job["id"] for job in found) == sorted(late)
     assert time.monotonic() - started < 30  # a sweep and a waiting read: about 10 s at most
+
+
+def test_a_batch_read_costs_the_same_queries_for_100_jobs_as_for_one(
+    api, unserved, django_assert_max_num_queries
+):
+    items = [{"service": unserved, "input": {"texts": [f"t {i}"]}} for i in range(100)]
+    ids = [job["id"] for job in api.post("/api/v1/jobs", items, format="json").json()["jobs"]]
+    api.post(f"/api/v1/jobs/{ids[0]}/cancel")
+    with django_assert_max_num_queries(3) as one:
+        assert api.get(f"/api/v1/jobs:batchGet?id={ids[0]}").status_code == 200
+    query = "&".join(f"id={job_id}" for job_id in ids)
+    with django_assert_max_num_queries(len(one.captured_queries)):
+        jobs = api.get(f"/api/v1/jobs:batchGet?{query}").json()["jobs"]
+    assert len(jobs) == 100 and jobs[0]["status"] == "cancelled"
