@@ -254,14 +254,11 @@ class JobSummarySerializer(JobSerializer):
 
 
 class JobResultSerializer(JobSerializer):
-    """A job in a batch read (GET /jobs:batchGet): its page with its result, without its input
-    (the client sent it), `wait` or `backend_attempts` (the job's own page shows them: each
-    costs queries per job)."""
+    """A job in a batch read (GET /jobs:batchGet): its page without `wait` or
+    `backend_attempts`, which cost queries per job (the job's own page shows them)."""
 
     class Meta(JobSerializer.Meta):
-        fields = [
-            f for f in JobSerializer.Meta.fields if f not in {"input", "wait", "backend_attempts"}
-        ]
+        fields = [f for f in JobSerializer.Meta.fields if f not in {"wait", "backend_attempts"}]
 
 
 class BatchJobsSerializer(serializers.Serializer):

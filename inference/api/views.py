@@ -441,7 +441,7 @@ def requested_job_ids(request) -> list[uuid.UUID]:
 def _jobs_page(request, job_ids: list[uuid.UUID], context: dict) -> dict:
     """The tenant's jobs, in the order named, each as a read shows it (answered_jobs); 404
     naming an id the tenant has no job of."""
-    found = {job.pk: job for job in _own_jobs(request).filter(pk__in=job_ids).defer("input")}
+    found = {job.pk: job for job in _own_jobs(request).filter(pk__in=job_ids)}
     missing = [job_id for job_id in job_ids if job_id not in found]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
@@ -474,9 +474,8 @@ class JobBatchGetView(NamedQueryParameters, APIView):
         description=(
             f"Up to {MAX_BATCH_GET_IDS} of your jobs by id (`?id=<job id>&id=<job id>`), in "
             "the order named (a repeated id once), each as its own page shows it but without "
-            "`input`, `wait` and `backend_attempts`: status, result, timings, backend. An id "
-            "you have no job of is a 404 "
-            "naming it. With `wait`, the read answers once one of the named jobs that was not "
+            "`wait` and `backend_attempts`. An id you have no job of is a 404 naming it. "
+            "With `wait`, the read answers once one of the named jobs that was not "
             "final is, or when the wait runs out: a long poll for the next job of a list to "
             "finish, in place of a GET per job per round."
         ),

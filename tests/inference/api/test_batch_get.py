@@ -45,7 +45,8 @@ def test_a_batch_read_answers_each_named_job_in_order(front_door_url, unserved, 
     jobs = answer.json()["jobs"]
     assert [job["id"] for job in jobs] == [third, second, first]
     assert [job["status"] for job in jobs] == ["queued", "cancelled", "queued"]
-    assert all("result" in job and "input" not in job for job in jobs)
+    assert [job["input"] for job in jobs] == [{"texts": [f"text {i}"]} for i in (2, 1, 0)]
+    assert all("result" in job and "wait" not in job for job in jobs)
 
 
 def test_a_waiting_batch_read_answers_once_one_job_is_final(front_door_url, unserved, tenant_key):
