@@ -21,7 +21,7 @@ submit_profile.txt). Scenarios, in order:
   (bench/tenants.py, no-op model);
 - fast_path: the realtime fast path (issue 29): idle overhead of /v1/embeddings and REST
   POST ?wait= over the raw forward pass, the idle trace stage by stage, CPU per no-op job
-  against plain Celery (bench/fast_path.py);
+  against plain Celery, 100 jobs per POST read back by renq_client (bench/fast_path.py);
 - result_bytes: bytes per embedding job stored, sent and answered, JSON floats vs float32
   (bench/result_bytes.py; results.json only);
 - llm: LLM serving with continuous batching (issue 31): completion tokens/s of concurrent
