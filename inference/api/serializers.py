@@ -165,8 +165,12 @@ class JobSerializer(serializers.ModelSerializer):
         ]
 
     def get_progress(self, job: Job) -> dict | None:
-        """Bulk jobs: pieces done/failed of total."""
-        return bulk_progress(job) if job.is_bulk else None
+        """Bulk jobs: pieces done/failed of total (a page's, counted together, in the context
+        as `bulk_progress`: bulk_progresses)."""
+        if not job.is_bulk:
+            return None
+        counted = self.context.get("bulk_progress", {})
+        return counted[job.pk] if job.pk in counted else bulk_progress(job)
 
 
 class JobAcceptedSerializer(JobSerializer):

@@ -44,7 +44,7 @@ from inference.delivery.waiting import (
     wait_synchronously,
 )
 from inference.dispatch.queue_report import queue_report
-from inference.intake.bulk import submit_bulk
+from inference.intake.bulk import bulk_progresses, submit_bulk
 from inference.intake.submission import (
     IDEMPOTENCY_KEY_HEADER,
     MAX_JOBS_PER_REQUEST,
@@ -141,6 +141,7 @@ class JobListCreateView(NamedQueryParameters, generics.ListAPIView):
         "POST": frozenset({"wait", "encoding_format"}),
     }
     serializer_class = JobSummarySerializer
+    _bulk_progress: dict = {}  # the page's bulk jobs' progress (paginate_queryset)
     # Jobs are JSON (a form field cannot carry an input object): anything else is a 415.
     parser_classes = [JSONParser]
 
@@ -177,7 +178,13 @@ class JobListCreateView(NamedQueryParameters, generics.ListAPIView):
         # A page reads as each job's own page does: answered before its store, a job shows
         # its answer. The `status` filter is on the stored status.
         page = super().paginate_queryset(queryset)
-        return None if page is None else answered_jobs(page)
+        if page is None:
+            return None
+        self._bulk_progress = bulk_progresses(page)
+        return answered_jobs(page)
+
+    def get_serializer_context(self) -> dict:
+        return {**super().get_serializer_context(), "bulk_progress": self._bulk_progress}
 
     @extend_schema(
         request=JobSubmitSerializer,
@@ -447,6 +454,7 @@ def _jobs_page(request, job_ids: list[uuid.UUID], context: dict) -> dict:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise NotFound(f"no job {missing[0]}{more}")
     named = answered_jobs([found[job_id] for job_id in job_ids])
+    context = {**context, "bulk_progress": bulk_progresses(named)}
     return {"jobs": JobResultSerializer(named, many=True, context=context).data}
 
 

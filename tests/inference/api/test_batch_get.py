@@ -10,6 +10,7 @@ import time
 import pytest
 import requests
 
+from inference.models import Job
 from renq_client import RenqClient
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -167,3 +168,24 @@ def test_a_batch_read_costs_the_same_queries_for_100_jobs_as_for_one(
     with django_assert_max_num_queries(len(one.captured_queries)):
         jobs = api.get(f"/api/v1/jobs:batchGet?{query}").json()["jobs"]
     assert len(jobs) == 100 and jobs[0]["status"] == "cancelled"
+
+
+def test_bulk_jobs_progress_costs_one_count_per_page(
+    api, make_service, django_assert_max_num_queries
+):
+    make_service("noop", name="bulky-progress")
+    bulk = {"service": "bulky-progress", "input": {"texts": [f"t {i}" for i in range(3)]}}
+    ids = [api.post("/api/v1/jobs/bulk", bulk, format="json").json()["id"] for _ in range(5)]
+    with django_assert_max_num_queries(10) as one:
+        assert api.get(f"/api/v1/jobs:batchGet?id={ids[0]}").status_code == 200
+        assert api.get("/api/v1/jobs?limit=1").status_code == 200
+    query = "&".join(f"id={job_id}" for job_id in ids)
+    with django_assert_max_num_queries(len(one.captured_queries)):
+        jobs = api.get(f"/api/v1/jobs:batchGet?{query}").json()["jobs"]
+        page = api.get("/api/v1/jobs?limit=5").json()["results"]
+
+    pieces = Job.objects.get(pk=ids[0]).pieces.count()
+    expected = {"total": pieces, "done": 0, "failed": 0}
+    assert pieces >= 1
+    assert [job["progress"] for job in jobs] == [expected] * 5
+    assert [job["progress"] for job in page] == [expected] * 5
