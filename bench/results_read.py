@@ -63,7 +63,14 @@ def run(jobs: int) -> dict:
         for job in client.results(ids):
             statuses[job["status"]] = statuses.get(job["status"], 0) + 1
         span_s = time.perf_counter() - started
+        read_at = time.time()
         cpu = meter.stop()
+    from django.db.models import Max, Min
+
+    from inference.models import Job
+
+    run = Job.objects.filter(pk__in=ids)
+    done = run.aggregate(first=Min("started_at"), last=Max("finished_at"))
     return {
         "jobs": jobs,
         "statuses": statuses,
@@ -73,6 +80,10 @@ def run(jobs: int) -> dict:
         "raw_batched_texts_s": round(raw, 1),
         "vs_raw_batched": round(jobs / span_s / raw, 3),
         "client_requests": client.stats.requests,
+        # From the first job's start to the last one's end, and how long after that the
+        # client had read it.
+        "worker_s": round((done["last"] - done["first"]).total_seconds(), 2),
+        "last_read_after_last_finish_s": round(read_at - done["last"].timestamp(), 3),
         "cpu_ms_per_job": {role: round(1000 * cpu[f"{role}_s"] / jobs, 3) for role in ROLES},
         "stack_cpu_ms_per_job": round(1000 * cpu["stack_s"] / jobs, 3),
         "client_cpu_ms_per_job": round(1000 * cpu["client_s"] / jobs, 3),

@@ -34,6 +34,8 @@ BATCH_GET_IDS = 100
 # reads every pending job: a job that finishes out of order is found at most this late.
 RESULTS_WAIT_S = 5.0
 RESULTS_SWEEP_S = 5.0
+# With 100 or fewer jobs pending, `results` reads as they finish, at most this often.
+RESULTS_TAIL_GAP_S = 0.05
 
 
 class RenqError(Exception):
@@ -268,8 +270,9 @@ class RenqClient:
         so the rest would read as pending too. The first round, and one every
         `RESULTS_SWEEP_S`, reads them all: a job that finishes out of order is found at most
         that long and one waiting read (`RESULTS_WAIT_S`) late. After a round that found none
-        final, the next one's first read waits on the server for one of its jobs to finish
-        instead of sleeping."""
+        final, and whenever 100 or fewer are pending, a round's first read waits on the server
+        for one of its jobs to finish instead of sleeping: the last jobs are yielded as they
+        finish (rounds at least `RESULTS_TAIL_GAP_S` apart)."""
         pending = list(dict.fromkeys(job_ids))
         bar = _progress(len(pending), "done", progress)
         deadline = time.monotonic() + timeout_s
@@ -283,9 +286,10 @@ class RenqClient:
                 if sweep:
                     swept = began
                 asked_s = 0.0
+                few = len(pending) <= BATCH_GET_IDS
                 for start in range(0, len(pending), BATCH_GET_IDS):
                     wait_s = None
-                    if idle and start == 0 and not sweep:
+                    if (idle or few) and start == 0 and not sweep:
                         left_s = min(deadline - time.monotonic(), self.timeout_s / 2)
                         wait_s = asked_s = max(0.05, min(left_s, RESULTS_WAIT_S))
                     chunk = pending[start : start + BATCH_GET_IDS]
@@ -307,9 +311,13 @@ class RenqClient:
                     break
                 if idle and time.monotonic() > deadline:
                     raise TimeoutError(f"{len(pending)} jobs not final after {timeout_s} s")
-                if not idle or (asked_s and time.monotonic() - began < asked_s):
-                    # Jobs are finishing (or the server did not wait): a round per poll_s.
-                    time.sleep(max(0.0, poll_s - (time.monotonic() - began)))
+                took_s = time.monotonic() - began
+                few = len(pending) <= BATCH_GET_IDS
+                if (idle and asked_s and took_s < asked_s) or not (idle or few):
+                    # Many jobs are finishing (or the server did not wait): a round per poll_s.
+                    time.sleep(max(0.0, poll_s - took_s))
+                elif few and not idle:
+                    time.sleep(max(0.0, RESULTS_TAIL_GAP_S - took_s))
         finally:
             if bar is not None:
                 bar.close()
