@@ -16,6 +16,8 @@ class NamedQueryParameters:
 
     def initial(self, request, *args, **kwargs) -> None:
         super().initial(request, *args, **kwargs)  # authenticated first: a 401 before a 400
+        if not hasattr(self, request.method.lower()):
+            return  # a method the view does not answer is DRF's 405, whatever it was asked
         method = "GET" if request.method == "HEAD" else request.method
         known = self.query_parameters.get(method, frozenset())
         # DRF's own ?format= chooses the renderer: whatever a view reads, it is understood.

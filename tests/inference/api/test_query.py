@@ -47,3 +47,15 @@ def test_the_known_ones_still_work_and_a_missing_key_is_still_a_401(api, noop):
     assert api.get("/api/v1/jobs?status=queued&service=noop&limit=5&offset=0").status_code == 200
     assert api.get(f"/api/v1/jobs/{job['id']}?encoding_format=base64").status_code == 200
     assert APIClient().get("/api/v1/jobs?stauts=queued").status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("post", "/api/v1/jobs:batchGet?id=00000000-0000-4000-8000-000000000000"),
+        ("put", "/api/v1/jobs?status=queued"),
+        ("post", "/api/v1/queues?service=noop"),
+    ],
+)
+def test_a_method_a_view_does_not_answer_is_a_405_whatever_its_query(api, noop, method, path):
+    assert getattr(api, method)(path).status_code == 405
