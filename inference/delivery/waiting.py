@@ -567,9 +567,13 @@ async def wait_for_any_final(
 
     `read_any_final` reads the jobs from Postgres and says whether one of them is final. It
     runs once every subscription is confirmed, after each notification (one is only a hint:
-    the read decides) and once per SAFETY_RECHECK_S, as `wait_for_final_job`'s does."""
+    the read decides) and once per SAFETY_RECHECK_S, as `wait_for_final_job`'s does. When
+    Redis does not confirm the first subscription, no other is tried."""
     deadline = time.monotonic() + timeout_s
-    subscriptions = await asyncio.gather(*(subscribe(job_id) for job_id in job_ids))
+    subscriptions = [await subscribe(job_ids[0])]
+    if subscriptions[0].confirmed:
+        # Not the others when Redis did not confirm the first: the re-reads stand in for all.
+        subscriptions += await asyncio.gather(*(subscribe(job_id) for job_id in job_ids[1:]))
     heard: asyncio.Queue[None] = asyncio.Queue()
 
     async def relay(subscription: Subscription) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 
@@ -213,3 +214,18 @@ def test_results_yields_the_last_jobs_as_they_finish(front_door_url, unserved, t
 
     assert [job_id for job_id, _ in found] == [first, second, third]
     assert found[-1][1] < 15
+
+
+def test_without_redis_a_waiting_batch_read_tries_one_subscription_and_still_answers(
+    api, unserved, settings, caplog
+):
+    items = [{"service": unserved, "input": {"texts": [f"t {i}"]}} for i in range(3)]
+    ids = [job["id"] for job in api.post("/api/v1/jobs", items, format="json").json()["jobs"]]
+    settings.RENQ_REDIS_URL = "redis://127.0.0.1:1/0"  # the waiting read's Redis: nobody there
+    query = "&".join(f"id={job_id}" for job_id in ids)
+    with caplog.at_level(logging.WARNING, logger="inference.delivery.waiting"):
+        answer = api.get(f"/api/v1/jobs:batchGet?{query}&wait=0.3")
+
+    assert answer.status_code == 200
+    assert [job["status"] for job in answer.json()["jobs"]] == ["queued"] * 3
+    assert len([r for r in caplog.records if "no Redis subscription" in r.message]) == 1
