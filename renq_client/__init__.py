@@ -278,6 +278,7 @@ class RenqClient:
         deadline = time.monotonic() + timeout_s
         swept = float("-inf")
         idle = False  # the last round found no job final
+        few = len(pending) <= BATCH_GET_IDS
         try:
             while pending:
                 still: list[str] = []
@@ -286,7 +287,6 @@ class RenqClient:
                 if sweep:
                     swept = began
                 asked_s = 0.0
-                few = len(pending) <= BATCH_GET_IDS
                 for start in range(0, len(pending), BATCH_GET_IDS):
                     wait_s = None
                     if (idle or few) and start == 0 and not sweep:

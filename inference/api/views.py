@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 
 from asgiref.sync import sync_to_async
 from django.core.handlers.asgi import ASGIRequest
 from django.db.models import Prefetch
+from django.http import HttpResponseBase
 from django.shortcuts import get_object_or_404
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiExample, OpenApiParameter, extend_schema
@@ -135,6 +137,15 @@ def requested_encoding(request) -> dict:
     return {"encoding_format": encoding_format}
 
 
+def _waiting_response(request, answer: Callable[[], Awaitable[HttpResponseBase]]):
+    """A view's answer that waits for jobs: made on the event loop under the ASGI server, so no
+    request thread is held while it waits (DeferredResponse); from synchronous code (WSGI, the
+    test client), on a loop of its own."""
+    if isinstance(request._request, ASGIRequest):
+        return DeferredResponse(answer)
+    return wait_synchronously(answer)
+
+
 class JobListCreateView(NamedQueryParameters, generics.ListAPIView):
     query_parameters = {
         "GET": frozenset({"status", "service", "limit", "offset"}),
@@ -242,7 +253,6 @@ class JobListCreateView(NamedQueryParameters, generics.ListAPIView):
         (DeferredResponse): the process hears the notifications of the jobs it submits under
         ids of `new_job_id` from the moment they exist, and one brings the outcome, so nothing
         is read back and no request thread is held."""
-        on_event_loop = isinstance(request._request, ASGIRequest)
         offered = offered_job_id(request._request)  # its head start is under way
         job_id = offered or new_job_id()
         submitted_at = time.monotonic()
@@ -267,9 +277,7 @@ class JobListCreateView(NamedQueryParameters, generics.ListAPIView):
                 waited_job_body(final or job, encoding_format), status=200 if final else 202
             )
 
-        if on_event_loop:
-            return DeferredResponse(answer)
-        return wait_synchronously(answer)
+        return _waiting_response(request, answer)
 
     def _post_many(self, request, context: dict):
         items = request.data
@@ -408,9 +416,7 @@ class JobDetailView(NamedQueryParameters, APIView):
             read = sync_to_async(_job_page, thread_sensitive=True)
             return AnswerResponse(await read(request, job_id, context))
 
-        if isinstance(request._request, ASGIRequest):
-            return DeferredResponse(answer)  # no request thread held while it waits
-        return wait_synchronously(answer)
+        return _waiting_response(request, answer)
 
     @extend_schema(
         summary="Cancel a job (the same as POST /jobs/{job_id}/cancel)",
@@ -528,9 +534,7 @@ class JobBatchGetView(NamedQueryParameters, APIView):
             read = sync_to_async(_jobs_page, thread_sensitive=True)
             return AnswerResponse(await read(request, job_ids, context))
 
-        if isinstance(request._request, ASGIRequest):
-            return DeferredResponse(answer)  # no request thread held while it waits
-        return wait_synchronously(answer)
+        return _waiting_response(request, answer)
 
 
 class JobCancelView(NamedQueryParameters, APIView):
