@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -178,6 +178,16 @@ def bench_tenant(name: str = "bench", **fields):
     tenant, _ = Tenant.objects.update_or_create(name=name, defaults=defaults)
     _, key = ApiKey.objects.issue(tenant, label="bench run")
     return tenant, key
+
+
+def refusal_pause_s(headers: Mapping[str, str], cap_s: float = 1.0) -> float:
+    """How long a well-behaved client waits after a 429 or 503: its retry-after-ms where the
+    answer has it (the OpenAI SDKs and renq_client read that first), else its Retry-After,
+    else a second; at most `cap_s`."""
+    lower = {name.lower(): value for name, value in headers.items()}
+    if "retry-after-ms" in lower:
+        return min(cap_s, float(lower["retry-after-ms"]) / 1000)
+    return min(cap_s, float(lower.get("retry-after", "1")))
 
 
 def pct(values: list[float], q: float) -> float:

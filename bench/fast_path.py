@@ -44,6 +44,7 @@ from bench.common import (
     on_model_cores,
     pct,
     purge_queues,
+    refusal_pause_s,
     run_nonce,
     shipped_runtime,
     wait_finished,
@@ -402,7 +403,7 @@ def under_load(*, quick: bool) -> dict:
                 body = {"service": SERVICE, "input": {"texts": [f"rest {nonce} {i}"]}}
                 status, headers, _ = poster.post("/api/v1/jobs", body)
                 if status in (429, 503) and honour_retry_after:
-                    time.sleep(min(1.0, float(headers.get("Retry-After", "1"))))
+                    time.sleep(refusal_pause_s(headers))
                 return status == 202
 
             submitted, refused, _ = _closed_loop(8, seconds, rest)

@@ -36,6 +36,7 @@ from bench.common import (
     long_text,
     pct,
     purge_queues,
+    refusal_pause_s,
     wait_finished,
 )
 
@@ -432,7 +433,7 @@ def _fairness_case(flood: Poster, quiet: Poster, service, tenant_a, *, quick: bo
                 else:
                     counts[f"a_refused_{r.status_code}"] += per_post
             if r.status_code == 429:  # a polite client waits as told
-                time.sleep(float(r.headers.get("Retry-After", "1")))
+                time.sleep(refusal_pause_s(r.headers, cap_s=60.0))
             i += 1
 
     def quiet_client() -> None:

@@ -81,6 +81,7 @@ from bench.common import (  # noqa: E402
     mixed_texts,
     pct,
     purge_queues,
+    refusal_pause_s,
     run_nonce,
     short_texts,
 )
@@ -222,7 +223,7 @@ class Bench:
         return self.local.session
 
     def submit(self, text: str, priority: str = "api", service: str = SERVICE) -> str:
-        """One job; a 429/503 is waited out as its Retry-After says (and counted)."""
+        """One job; a 429/503 is waited out as it says (and counted)."""
         body = {"service": service, "priority": priority, "input": {"texts": [text]}}
         for _ in range(30):
             status, headers, answer = self.poster.post("/api/v1/jobs", body)
@@ -230,7 +231,7 @@ class Bench:
                 break
             with self.lock:
                 self.refused[status] += 1
-            time.sleep(min(1.0, float(headers.get("Retry-After", "1"))))
+            time.sleep(refusal_pause_s(headers))
         if status != 202:
             raise RuntimeError(f"POST /api/v1/jobs answered {status}: {answer[:500]!r}")
         return json.loads(answer)["id"]

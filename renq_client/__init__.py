@@ -8,8 +8,8 @@
         ...
 
 429 (rate limit, quota) and 503 (queue full, a dependency down) are waited out as the answer's
-Retry-After says, up to `max_wait_s` in all per call; `bulk` also halves its request size after
-a 429, since a list of jobs is admitted or refused whole.
+retry-after-ms (or Retry-After) says, up to `max_wait_s` in all per call; `bulk` also halves
+its request size after a 429, since a list of jobs is admitted or refused whole.
 """
 
 from __future__ import annotations
@@ -63,11 +63,14 @@ class ClientStats:
 
 
 def _retry_after_s(response: requests.Response, default_s: float) -> float:
-    value = response.headers.get("Retry-After", "")
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return default_s
+    """retry-after-ms where the answer has it (renq's and OpenAI's say it to the
+    millisecond), else Retry-After's seconds."""
+    for header, per_second in (("retry-after-ms", 1000.0), ("Retry-After", 1.0)):
+        try:
+            return max(0.0, float(response.headers[header]) / per_second)
+        except (KeyError, ValueError):
+            continue
+    return default_s
 
 
 def _progress(total: int, desc: str, enabled: bool):

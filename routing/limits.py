@@ -227,13 +227,24 @@ def _int_or_none(value: str | None) -> int | None:
 
 def parse_rate_headers(headers: Mapping[str, str]) -> RateHeaders:
     lower = {k.lower(): v for k, v in headers.items()}
+    retry_after_s = _retry_after_ms_s(lower.get("retry-after-ms"))
+    if retry_after_s is None:
+        retry_after_s = parse_retry_after_s(lower.get("retry-after"))
     return RateHeaders(
         requests_left=_int_or_none(lower.get("x-ratelimit-remaining-requests")),
         requests_reset_s=parse_duration_s(lower.get("x-ratelimit-reset-requests")),
         tokens_left=_int_or_none(lower.get("x-ratelimit-remaining-tokens")),
         tokens_reset_s=parse_duration_s(lower.get("x-ratelimit-reset-tokens")),
-        retry_after_s=parse_retry_after_s(lower.get("retry-after")),
+        retry_after_s=retry_after_s,
     )
+
+
+def _retry_after_ms_s(value: str | None) -> float | None:
+    """retry-after-ms (OpenAI's and Azure OpenAI's, to the millisecond), in seconds."""
+    try:
+        return max(0.0, float(value)) / 1000 if value is not None and value.strip() else None
+    except ValueError:
+        return None
 
 
 def _blank(value) -> str:

@@ -89,7 +89,7 @@ def renq_exception_handler(exc, context):
             "rate_limited" if exc.status_code == 429 else "queue_full",
             exc.message,
             {exc.field: [exc.message]},
-            headers={"Retry-After": str(exc.retry_after_s)},
+            headers=exc.retry_headers,
         )
         if exc.quota:
             response.data["error"]["quota"] = exc.quota

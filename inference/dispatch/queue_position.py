@@ -62,8 +62,9 @@ WAIT_REASONS = {
 ACTIVE_STATUSES = (JobStatus.QUEUED, JobStatus.RUNNING)
 # Queued jobs carry no token count until they run: the JSON size over the kinds' chars/token.
 ESTIMATED_TOKENS = Length(Cast("input", TextField())) / CHARS_PER_TOKEN
-# Retry-After of a full queue: at least a second, and never so long a client gives up.
-RETRY_AFTER_BOUNDS_S = (1, 60)
+# When a full queue's refused client may retry: not so soon that its retry is refused again
+# at once, and never so long that it gives up.
+RETRY_AFTER_BOUNDS_S = (0.1, 60.0)
 
 
 def queue_allowance(service: Service, tier: str) -> int:
@@ -164,12 +165,11 @@ def predicted_drain_s(service: Service, depth: int | None = None) -> float:
     return depth / throughput_jobs_s(service)
 
 
-def retry_after_s(service: Service, depth: int) -> int:
-    """Retry-After of a full queue: the predicted drain time of its `depth` queued jobs,
-    bounded by RETRY_AFTER_BOUNDS_S."""
+def retry_after_s(service: Service, depth: int) -> float:
+    """When a full queue's refused client may retry: the predicted drain time of its `depth`
+    queued jobs, bounded by RETRY_AFTER_BOUNDS_S."""
     low, high = RETRY_AFTER_BOUNDS_S
-    seconds = predicted_drain_s(service, max(1, depth))
-    return int(min(high, max(low, math.ceil(seconds))))
+    return min(high, max(low, predicted_drain_s(service, max(1, depth))))
 
 
 def _own_run_s(service: Service, tokens: int, per_job_s: float) -> float:

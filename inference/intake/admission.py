@@ -69,12 +69,23 @@ class AdmissionRefused(Exception):
     status_code: int
     field: str
     message: str
-    retry_after_s: int
+    # When a retry may pass, to the millisecond where admission knows it.
+    retry_after_s: float
     # Which limit refused it, e.g. "rate_limit", "requests_per_minute", "max_queue_size".
     quota: str = ""
 
     def __str__(self) -> str:
         return self.message
+
+    @property
+    def retry_headers(self) -> dict[str, str]:
+        """Retry-After in whole seconds (RFC 9110), at least one, and retry-after-ms, which
+        the OpenAI SDKs and renq_client read first: a refusal that lapses in a quarter of a
+        second would otherwise keep its client away, and the model idle, for a whole one."""
+        return {
+            "Retry-After": str(max(1, math.ceil(self.retry_after_s))),
+            "retry-after-ms": str(max(1, round(self.retry_after_s * 1000))),
+        }
 
 
 def counted_refusal(response: R, exc: AdmissionRefused) -> R:
@@ -150,7 +161,7 @@ def _over_quota(
             429,
             "service",
             f"rate limit of {service.rate_limit} jobs/s for service '{service.name}' exceeded.",
-            retry_after_s=1,
+            retry_after_s=1 - now % 1,  # counted per second of the clock
             quota=quota,
         )
     if quota == "requests_per_minute" and count > tenant.requests_per_minute:
@@ -158,7 +169,7 @@ def _over_quota(
             429,
             "tenant",
             f"quota requests_per_minute ({tenant.requests_per_minute}) exceeded.",
-            retry_after_s=max(1, math.ceil(60 - now % 60)),
+            retry_after_s=60 - now % 60,
             quota=quota,
         )
     if quota == "monthly_token_budget" and count > tenant.monthly_token_budget:
@@ -193,7 +204,7 @@ def refuse_while_broker_away(jobs: Sequence[Job]) -> None:
             "service",
             "the message broker (RabbitMQ) is unavailable: realtime and api jobs would expire "
             "before it is back; retry shortly.",
-            retry_after_s=max(1, math.ceil(BROKER_AWAY_HOLD_S)),
+            retry_after_s=BROKER_AWAY_HOLD_S,
             quota="broker",
         )
 
@@ -206,7 +217,7 @@ def _overdue_refusal(service: Service) -> AdmissionRefused:
         f"your jobs of service '{service.name}' at this priority wait more than "
         f"{OVERDUE_FRACTION * promise_s:g} s for a worker (queue_timeout {promise_s:g} s): new "
         f"ones would expire in the queue; retry later.",
-        retry_after_s=max(1, math.ceil(OVERDUE_HOLD_MS / 1000)),
+        retry_after_s=OVERDUE_HOLD_MS / 1000,
         quota="queue_timeout",
     )
 

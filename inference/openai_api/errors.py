@@ -99,6 +99,6 @@ def from_admission_refused(exc: AdmissionRefused) -> OpenAIError:
         exc.message,
         type=error_type,
         code=code,
-        headers={"Retry-After": str(exc.retry_after_s)},
+        headers=exc.retry_headers,
         refused=exc,
     )

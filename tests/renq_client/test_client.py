@@ -93,3 +93,15 @@ def test_wait_reads_once_while_the_job_waits_on_the_server(live_server, make_ser
     before = client.stats.requests
     assert client.wait(job_id, timeout_s=20)["status"] == "cancelled"
     assert client.stats.requests - before <= 2
+
+
+def test_a_refusal_is_waited_out_to_the_millisecond(live_server, make_service, make_tenant):
+    # One job a second: each refused submit may pass at the next second of the server's
+    # clock, which its retry-after-ms says; Retry-After alone would keep the client a whole one.
+    limited = make_service("embedding", name="client-limited", rate_limit=1).name
+    _, key = make_tenant("prompt")
+    client = RenqClient(live_server.url, key)
+    for n in range(3):  # two of three submits share a second
+        client.submit(limited, {"texts": [f"text {n}"]}, priority="batch")
+    assert client.stats.retries >= 1
+    assert client.stats.waited_s / client.stats.retries < 1.0

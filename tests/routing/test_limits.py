@@ -132,6 +132,9 @@ def test_header_parsing_follows_openai_formats():
         }
     )
     assert (seen.requests_left, seen.tokens_left, seen.retry_after_s) == (4999, 159976, 2)
+    # OpenAI's (and Azure's) retry-after-ms is the finer of the two.
+    seen = parse_rate_headers({"Retry-After": "2", "retry-after-ms": "1250"})
+    assert seen.retry_after_s == 1.25
 
 
 RACER = textwrap.dedent(

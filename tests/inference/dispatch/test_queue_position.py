@@ -168,15 +168,15 @@ def test_a_full_queue_s_retry_after_grows_with_its_backlog(api, make_service):
             format="json",
         )
         assert response.status_code == 503, response.content
-        retries.append(int(response["Retry-After"]))
-    # 10 and 100 queued jobs at 4 jobs/s: 3 s and 25 s.
-    assert retries == [3, 25], retries
+        retries.append((int(response["Retry-After"]), int(response["retry-after-ms"])))
+    # 10 and 100 queued jobs at 4 jobs/s: 2.5 s (3 in whole seconds) and 25 s.
+    assert retries == [(3, 2500), (25, 25000)], retries
 
 
 def test_retry_after_is_bounded(make_service):
     svc = make_service("noop", name="drain-bounds")
     measured(svc, 1000.0)
-    assert retry_after_s(svc, 1) == 1
+    assert retry_after_s(svc, 1) == 0.1
     measured(svc, 0.5)
     assert retry_after_s(svc, 10_000) == 60
 
