@@ -47,7 +47,8 @@ class ErrorSerializer(serializers.Serializer):
     error = ErrorDetailSerializer()
 
 
-# Every error the job API can answer, for the OpenAPI schema (429/503 carry Retry-After).
+# Every error the job API can answer, for the OpenAPI schema (429/503 carry Retry-After, and
+# retry-after-ms when admission refused).
 ERROR_RESPONSES = {
     code: OpenApiResponse(ErrorSerializer, description=description)
     for code, description in {
@@ -59,9 +60,11 @@ ERROR_RESPONSES = {
         409: "The job cannot be cancelled in its state.",
         413: "Request body too large.",
         415: "The body is not JSON (send Content-Type: application/json).",
-        429: "Rate limit or quota exceeded, or too many failed API keys (Retry-After).",
-        503: "Queue full, your realtime/api jobs of the service waiting over half its "
-        "queue_timeout, or a dependency unavailable (Retry-After).",
+        429: "Rate limit or quota exceeded (Retry-After, retry-after-ms), or too many failed "
+        "API keys (Retry-After).",
+        503: "Queue full, or your realtime/api jobs of the service waiting over half its "
+        "queue_timeout (Retry-After, retry-after-ms); or a dependency unavailable "
+        "(Retry-After).",
     }.items()
 }
 # What any authenticated request can get whatever it asks: no or a bad key, too many bad keys
