@@ -42,7 +42,6 @@ from inference.dispatch.queue_position import (
 )
 from inference.intake.overdue import (
     OVERDUE_FRACTION,
-    OVERDUE_HOLD_MS,
     overdue_service,
 )
 from inference.jobs.tiers import Tier
@@ -188,9 +187,9 @@ def _over_quota(
 def refuse_overdue_lines(tenant: Tenant, jobs: Sequence[Job]) -> None:
     """Raise AdmissionRefused (503) when the tenant's line of one of these new jobs is overdue
     (inference.intake.overdue): pass the realtime/api jobs bound for the local workers."""
-    service = overdue_service(tenant, jobs)
-    if service is not None:
-        raise _overdue_refusal(service)
+    overdue = overdue_service(tenant, jobs)
+    if overdue is not None:
+        raise _overdue_refusal(*overdue)
 
 
 def refuse_while_broker_away(jobs: Sequence[Job]) -> None:
@@ -209,7 +208,7 @@ def refuse_while_broker_away(jobs: Sequence[Job]) -> None:
         )
 
 
-def _overdue_refusal(service: Service) -> AdmissionRefused:
+def _overdue_refusal(service: Service, retry_after_s: float) -> AdmissionRefused:
     promise_s = service.start_promise_s
     return AdmissionRefused(
         503,
@@ -217,7 +216,7 @@ def _overdue_refusal(service: Service) -> AdmissionRefused:
         f"your jobs of service '{service.name}' at this priority wait more than "
         f"{OVERDUE_FRACTION * promise_s:g} s for a worker (queue_timeout {promise_s:g} s): new "
         f"ones would expire in the queue; retry later.",
-        retry_after_s=OVERDUE_HOLD_MS / 1000,
+        retry_after_s=retry_after_s,
         quota="queue_timeout",
     )
 

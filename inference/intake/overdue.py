@@ -10,7 +10,10 @@ and Retry-After instead of accepting them to expire: an expired job cost the web
 and a claim as much as one that ran, on the machine the model needs, and its client learns
 nothing until it looks. Every such claim renews the mark, so it holds while the line is long
 and lapses once its jobs start in time again; one job that waited alone (a worker starting
-up, a message left by a stopped worker) marks nothing.
+up, a message left by a stopped worker) marks nothing. The mark's value is when the line
+should take work again (its queued jobs' drain time at the service's measured throughput, plus
+the hold), which the refusal's retry-after-ms says: a client told the hold alone would be
+refused again and again while the backlog drains, and an SDK gives up after a retry or two.
 
 By tenant and tier, as the workers serve them: a flooding tenant's line waits, while another
 tenant's jobs take their fair turns and start in time, so that tenant is not refused; batch and
@@ -30,6 +33,7 @@ from datetime import datetime, timedelta
 import redis
 from django.db import DatabaseError, InterfaceError
 
+from inference.dispatch.queue_position import predicted_drain_s
 from inference.jobs.tiers import promises_latency
 from inference.models import Job, JobStatus, Service, Tenant
 from renq_site.shared_redis import shared_redis
@@ -46,8 +50,12 @@ OVERDUE_PREFIX = "renq:overdue:"
 # round trip per line and interval, not one per request, and the answer lags by this at most.
 CHECK_REUSE_S = 0.1
 
-# key → (time.monotonic() until which it holds, whether the line was overdue).
-_checked: dict[str, tuple[float, bool]] = {}
+# A line's queued jobs are counted this far for its mark's predicted lapse.
+MAX_COUNTED_LINE = 10_000
+
+# key → (time.monotonic() until which it holds, when the overdue line should take work again
+# as time.time(), or None when it was not overdue).
+_checked: dict[str, tuple[float, float | None]] = {}
 
 
 def overdue_key(service_id: int, tenant_id: int, tier: str) -> str:
@@ -74,18 +82,17 @@ def note_late_claims(jobs: Iterable[Job], now: datetime) -> None:
     if not late:
         return
     try:
-        keys = [
-            overdue_key(*line)
+        lapses = {
+            overdue_key(*line): _predicted_lapse_ms(service, *line, now)
             for line, service in late.items()
             if _still_waiting_since(*line, now - _late_after(service))
-        ]
-        if not keys:
+        }
+        if not lapses:
             return
-        for key in keys:
-            _checked.pop(key, None)  # this process sees its own mark at once
         pipe = shared_redis().pipeline(transaction=False)
-        for key in keys:
-            pipe.set(key, 1, px=OVERDUE_HOLD_MS)
+        for key, lapse_ms in lapses.items():
+            _checked.pop(key, None)  # this process sees its own mark at once
+            pipe.set(key, lapse_ms, px=OVERDUE_HOLD_MS)
         pipe.execute()
     except (DatabaseError, InterfaceError, redis.RedisError):
         logger.debug("could not mark overdue lines", exc_info=True)
@@ -107,10 +114,23 @@ def _still_waiting_since(service_id: int, tenant_id: int, tier: str, since: date
     ).exists()
 
 
-def overdue_service(tenant: Tenant, jobs: Sequence[Job]) -> Service | None:
+def _predicted_lapse_ms(
+    service: Service, service_id: int, tenant_id: int, tier: str, now: datetime
+) -> int:
+    """When the line's mark should lapse, as epoch ms: once its queued jobs (no new ones join
+    while it is refused) have drained at the service's throughput, and the hold has passed."""
+    depth = Job.objects.filter(
+        service_id=service_id, status=JobStatus.QUEUED, tenant_id=tenant_id, tier=tier
+    )[:MAX_COUNTED_LINE].count()
+    seconds = predicted_drain_s(service, depth) + OVERDUE_HOLD_MS / 1000
+    return int((now.timestamp() + seconds) * 1000)
+
+
+def overdue_service(tenant: Tenant, jobs: Sequence[Job]) -> tuple[Service, float] | None:
     """The service of one of these new jobs whose line (its service, `tenant`, its tier) is
-    overdue, or None. A line this process asked Redis about in the last CHECK_REUSE_S is not
-    asked again; without Redis no line is overdue."""
+    overdue, with the seconds until that line should take work again (at least the hold); or
+    None. A line this process asked Redis about in the last CHECK_REUSE_S is not asked again;
+    without Redis no line is overdue."""
     lines = {overdue_key(job.service_id, tenant.pk, job.tier): job.service for job in jobs}
     now = time.monotonic()
     ask = []
@@ -118,22 +138,39 @@ def overdue_service(tenant: Tenant, jobs: Sequence[Job]) -> Service | None:
         checked = _checked.get(key)
         if checked is None or checked[0] <= now:
             ask.append(key)
-        elif checked[1]:
-            return service
+        elif checked[1] is not None:
+            return service, _seconds_until(checked[1])
     if not ask:
         return None
     pipe = shared_redis().pipeline(transaction=False)
     for key in ask:
-        pipe.exists(key)
+        pipe.get(key)
     try:
         answers = pipe.execute()
     except redis.RedisError:
         logger.debug("could not read overdue marks", exc_info=True)
         return None
     until = time.monotonic() + CHECK_REUSE_S
-    for key, found in zip(ask, answers, strict=True):
-        _checked[key] = (until, bool(found))
-    return next((lines[key] for key, found in zip(ask, answers, strict=True) if found), None)
+    overdue = None
+    for key, mark in zip(ask, answers, strict=True):
+        lapse = None if mark is None else _lapse_s(mark)
+        _checked[key] = (until, lapse)
+        if lapse is not None and overdue is None:
+            overdue = lines[key], _seconds_until(lapse)
+    return overdue
+
+
+def _lapse_s(mark: bytes) -> float:
+    """A mark's predicted lapse as time.time(); a mark without one (an older worker's, "1")
+    reads as long past, so its refusal says the hold."""
+    try:
+        return int(mark) / 1000
+    except ValueError:
+        return 0.0
+
+
+def _seconds_until(lapse: float) -> float:
+    return max(OVERDUE_HOLD_MS / 1000, lapse - time.time())
 
 
 def forget_checks() -> None:

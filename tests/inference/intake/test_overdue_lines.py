@@ -7,6 +7,7 @@ runs after every claim of a GPU worker)."""
 
 from __future__ import annotations
 
+import math
 import time
 from datetime import timedelta
 
@@ -18,6 +19,7 @@ from inference.intake import overdue
 from inference.models import Job
 from inference.workers.gpu.intake import note_claim
 from inference.workers.gpu.report import BatchReport
+from tests.inference.dispatch.test_queue_position import measured
 
 pytestmark = pytest.mark.django_db
 
@@ -76,13 +78,30 @@ def test_a_late_claim_refuses_the_lines_new_jobs_with_503_and_retry_after(api, e
     response = submit(api)
 
     assert response.status_code == 503, response.content
-    # The line's mark lapses in a quarter of a second; clients that read only whole seconds
-    # wait one.
-    assert (response["retry-after-ms"], response["Retry-After"]) == ("250", "1")
+    # Not before the mark's hold has passed; whole seconds for clients that read no other.
+    retry_ms = int(response["retry-after-ms"])
+    assert retry_ms >= overdue.OVERDUE_HOLD_MS
+    assert response["Retry-After"] == str(math.ceil(retry_ms / 1000))
     error = response.json()["error"]
     assert error["quota"] == "queue_timeout"
     assert "would expire in the queue" in error["fields"]["service"][0]
     assert Job.objects.count() == stored  # nothing accepted, nothing to expire
+
+
+def test_the_refusal_says_when_the_line_should_take_work_again(api, embedding):
+    measured(embedding, 4.0)
+    first, *behind = [submit(api).json()["id"] for _ in range(9)]
+    for job_id in behind:
+        accepted_ago(job_id, 1.49)
+    assert claimed_after(first, 1.5).jobs
+
+    response = submit(api)
+
+    assert response.status_code == 503, response.content
+    # Its 8 queued jobs drain in 2 s at 4 jobs/s, then the mark's hold (5 s here) passes: a
+    # client told the hold alone would be refused again while they drain.
+    assert 6_000 < int(response["retry-after-ms"]) <= 7_000
+    assert response["Retry-After"] == "7"
 
 
 def test_a_claim_in_time_refuses_nothing(api, embedding):
