@@ -79,7 +79,7 @@ class AdmissionRefused(Exception):
     @property
     def retry_headers(self) -> dict[str, str]:
         """Retry-After in whole seconds (RFC 9110), at least one, and retry-after-ms, which
-        the OpenAI SDKs and renq_client read first: a refusal that lapses in a quarter of a
+        the OpenAI SDKs and renq_client read first: a refusal that lapses in a fraction of a
         second would otherwise keep its client away, and the model idle, for a whole one."""
         return {
             "Retry-After": str(max(1, math.ceil(self.retry_after_s))),
