@@ -181,13 +181,13 @@ def bench_tenant(name: str = "bench", **fields):
 
 
 def refusal_pause_s(headers: Mapping[str, str], cap_s: float = 1.0) -> float:
-    """How long a well-behaved client waits after a 429 or 503: its retry-after-ms where the
-    answer has it (the OpenAI SDKs and renq_client read that first), else its Retry-After,
-    else a second; at most `cap_s`."""
-    lower = {name.lower(): value for name, value in headers.items()}
-    if "retry-after-ms" in lower:
-        return min(cap_s, float(lower["retry-after-ms"]) / 1000)
-    return min(cap_s, float(lower.get("retry-after", "1")))
+    """How long a well-behaved client waits after a 429 or 503: what its retry-after-ms says
+    where the answer has it (the OpenAI SDKs and renq_client read that first), else its
+    Retry-After, else a second; at most `cap_s`. Read as the router reads an upstream's."""
+    from routing.limits import parse_rate_headers
+
+    said_s = parse_rate_headers(headers).retry_after_s
+    return min(cap_s, 1.0 if said_s is None else said_s)
 
 
 def pct(values: list[float], q: float) -> float:
