@@ -78,9 +78,10 @@ def test_a_late_claim_refuses_the_lines_new_jobs_with_503_and_retry_after(api, e
     response = submit(api)
 
     assert response.status_code == 503, response.content
-    # Not before the mark's hold has passed; whole seconds for clients that read no other.
+    # Not before the mark's hold has passed (less the moments since the claim); whole seconds
+    # for clients that read no other.
     retry_ms = int(response["retry-after-ms"])
-    assert retry_ms >= overdue.OVERDUE_HOLD_MS
+    assert overdue.OVERDUE_HOLD_MS - 1_000 < retry_ms <= overdue.OVERDUE_HOLD_MS
     assert response["Retry-After"] == str(math.ceil(retry_ms / 1000))
     error = response.json()["error"]
     assert error["quota"] == "queue_timeout"
@@ -88,20 +89,67 @@ def test_a_late_claim_refuses_the_lines_new_jobs_with_503_and_retry_after(api, e
     assert Job.objects.count() == stored  # nothing accepted, nothing to expire
 
 
-def test_the_refusal_says_when_the_line_should_take_work_again(api, embedding):
-    measured(embedding, 4.0)
-    first, *behind = [submit(api).json()["id"] for _ in range(9)]
+def late_behind(client, queued: int):
+    """The line's first job claimed 1.5 s after it was accepted, `queued` accepted just after
+    it still queued."""
+    first, *behind = [submit(client).json()["id"] for _ in range(queued + 1)]
     for job_id in behind:
         accepted_ago(job_id, 1.49)
-    assert claimed_after(first, 1.5).jobs
+    return claimed_after(first, 1.5)
+
+
+def retry_after_ms(client) -> int:
+    response = submit(client)
+    assert response.status_code == 503, response.content
+    return int(response["retry-after-ms"])
+
+
+def test_the_refusal_says_when_the_line_should_take_work_again(api, embedding, monkeypatch):
+    monkeypatch.setattr(overdue, "OVERDUE_HOLD_MS", 250)
+    measured(embedding, 4.0)
+    assert late_behind(api, 24).jobs
 
     response = submit(api)
 
     assert response.status_code == 503, response.content
-    # Its 8 queued jobs drain in 2 s at 4 jobs/s, then the mark's hold (5 s here) passes: a
-    # client told the hold alone would be refused again while they drain.
-    assert 6_000 < int(response["retry-after-ms"]) <= 7_000
-    assert response["Retry-After"] == "7"
+    # Its 24 queued jobs but the last batch (8) drain in 4 s at 4 jobs/s, and the client comes
+    # back half that batch (1 s) later: while that batch still waits, not to an idle model,
+    # nor to be refused again meanwhile.
+    assert 4_000 < int(response["retry-after-ms"]) <= 5_000
+    assert response["Retry-After"] == "5"
+
+
+def test_a_line_one_batch_from_empty_is_refused_for_the_hold(api, embedding):
+    measured(embedding, 4.0)
+    assert late_behind(api, 8).jobs  # its batch, 8 jobs, is all that waits
+
+    assert overdue.OVERDUE_HOLD_MS - 1_000 < retry_after_ms(api) <= overdue.OVERDUE_HOLD_MS
+
+
+def test_each_late_claim_predicts_the_lapse_again(api, embedding, monkeypatch):
+    monkeypatch.setattr(overdue, "OVERDUE_HOLD_MS", 250)
+    measured(embedding, 4.0)
+    late_behind(api, 24)
+    first = retry_after_ms(api)
+    queued = [
+        str(pk)
+        for pk in Job.objects.filter(status="queued")
+        .order_by("created_at")
+        .values_list("pk", flat=True)
+    ]
+
+    # It drains slower than predicted: a late claim says so, and the line waits longer.
+    measured(embedding, 1.0)
+    claimed_after(queued[0], 1.5)
+    assert retry_after_ms(api) > first + 5_000
+
+    # The claims of its last batch are late too (its jobs waited through the drain): they end
+    # the mark, and the line takes work again while that batch is still queued.
+    measured(embedding, 4.0)
+    for job_id in queued[1:-8]:
+        claimed_after(job_id, 1.5)
+    assert Job.objects.filter(status="queued").count() == 8
+    assert submit(api).status_code == 202
 
 
 def test_a_claim_in_time_refuses_nothing(api, embedding):
@@ -167,5 +215,18 @@ def test_the_line_is_accepted_again_once_no_claim_is_late(api, embedding, monkey
     assert submit(api).status_code == 503
 
     time.sleep(1.0 + 2 * overdue.CHECK_REUSE_S)  # no late claim renewed the mark
+
+    assert submit(api).status_code == 202
+
+
+def test_a_client_back_when_it_was_told_is_taken(api, embedding, monkeypatch):
+    # The web reads a line's mark at most every CHECK_REUSE_S: that reading must not refuse a
+    # client that waited exactly as long as it was told.
+    monkeypatch.setattr(overdue, "OVERDUE_HOLD_MS", 300)
+    monkeypatch.setattr(overdue, "CHECK_REUSE_S", 60.0)
+    late_with_a_backlog(api)
+    wait_ms = retry_after_ms(api)
+
+    time.sleep(wait_ms / 1000)
 
     assert submit(api).status_code == 202
