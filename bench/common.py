@@ -180,7 +180,11 @@ def bench_tenant(name: str = "bench", **fields):
     return tenant, key
 
 
-def refusal_pause_s(headers: Mapping[str, str], cap_s: float = 1.0) -> float:
+# The OpenAI SDKs wait out what a 429/503 says up to two minutes (MAX_RETRY_AFTER_DELAY).
+SDK_RETRY_AFTER_CAP_S = 120.0
+
+
+def refusal_pause_s(headers: Mapping[str, str], cap_s: float = SDK_RETRY_AFTER_CAP_S) -> float:
     """How long a well-behaved client waits after a 429 or 503: what its retry-after-ms says
     where the answer has it (the OpenAI SDKs and renq_client read that first), else its
     Retry-After, else a second; at most `cap_s`. Read as the router reads an upstream's."""

@@ -433,7 +433,7 @@ def _fairness_case(flood: Poster, quiet: Poster, service, tenant_a, *, quick: bo
                 else:
                     counts[f"a_refused_{r.status_code}"] += per_post
             if r.status_code == 429:  # a polite client waits as told
-                time.sleep(refusal_pause_s(r.headers, cap_s=60.0))
+                time.sleep(refusal_pause_s(r.headers))
             i += 1
 
     def quiet_client() -> None:
