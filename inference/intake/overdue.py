@@ -65,14 +65,15 @@ MAX_COUNTED_LINE = 10_000
 _checked: dict[str, tuple[float, float | None]] = {}
 
 # KEYS[1]: the line's mark. ARGV: its predicted lapse and when its clients should come back;
-# for a line not marked yet, the earliest of either (now + the hold); now; all epoch ms. The
-# mark holds the time to come back and expires at its lapse. A mark already set takes the
-# newest prediction (fewer jobs left to predict), and goes once that lapse is past: a maximum
-# over every claim's noisy prediction would only ever run late.
+# for a line not marked yet, the earliest of either (now + the hold); now; all epoch ms by the
+# worker's clock. The mark holds the time to come back and expires at its lapse, counted from
+# now (Redis's clock may differ from the worker's). A mark already set takes the newest
+# prediction (fewer jobs left to predict), and goes once that lapse is past: a maximum over
+# every claim's noisy prediction would only ever run late.
 _MARK = """
-local lapse, back = tonumber(ARGV[1]), tonumber(ARGV[2])
+local lapse, back, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[4])
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  if lapse <= tonumber(ARGV[4]) then
+  if lapse <= now then
     redis.call('DEL', KEYS[1])
     return 0
   end
@@ -80,7 +81,7 @@ else
   lapse = math.max(lapse, tonumber(ARGV[3]))
   back = math.max(back, lapse)
 end
-redis.call('SET', KEYS[1], tostring(back), 'PXAT', tostring(lapse))
+redis.call('SET', KEYS[1], tostring(back), 'PX', tostring(lapse - now))
 return 1
 """
 
