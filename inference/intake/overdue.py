@@ -12,14 +12,14 @@ One job that waited alone (a worker starting up, a message left by a stopped wor
 nothing.
 
 The mark lapses when the line should take work again: once its queued jobs beyond one full
-batch have drained at the service's measured throughput, and at least OVERDUE_HOLD_MS after it
-was set. The refusal's retry-after-ms tells its clients to come back half that batch later. A
-client told less would be refused again while the backlog drains, and an SDK gives up after a
-retry or two; one told the whole drain would come back to an idle model. Told this, it comes
-back while the last batch is still waiting, and its new job waits behind that batch at most.
-Each later late claim predicts the lapse again, from the jobs then left: the last batches'
-claims are late too (they waited through the drain), and they end the mark rather than hold
-the line a hold longer.
+batch have drained at the service's measured throughput (a new mark holds OVERDUE_HOLD_MS at
+least, unless a later claim finds the line drained). The refusal's retry-after-ms tells its
+clients to come back half that batch later. A client told less would be refused again while
+the backlog drains, and an SDK gives up after a retry or two; one told the whole drain would
+come back to an idle model. Told this, it comes back while the last batch is still waiting,
+and its new job waits behind that batch at most. Each later late claim predicts the lapse
+again, from the jobs then left: the last batches' claims are late too (they waited through
+the drain), and they end the mark rather than hold the line a hold longer.
 
 By tenant and tier, as the workers serve them: a flooding tenant's line waits, while another
 tenant's jobs take their fair turns and start in time, so that tenant is not refused; batch and
@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 # A claim after this share of a job's queue_timeout marks its line overdue: half, so that the
 # jobs already waiting in the line still start in time while new ones are refused.
 OVERDUE_FRACTION = 0.5
-# The least a line newly marked stays overdue (a backlog's next late claim renews it).
+# The least a new mark holds, unless a later late claim finds the line drained.
 OVERDUE_HOLD_MS = 250
 OVERDUE_PREFIX = "renq:overdue:"
 # A process asks Redis about one line at most this often: a flood of submissions costs a
