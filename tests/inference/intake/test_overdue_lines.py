@@ -62,12 +62,12 @@ def client_of(make_tenant, name: str) -> APIClient:
     return client
 
 
-def late_with_a_backlog(client, priority: str = "api", waited_s: float = 1.5):
-    """The line's first job is claimed `waited_s` after it was accepted, a second accepted
+def late_with_a_backlog(client, priority: str = "api", waited_s: float = 1.5, queued: int = 1):
+    """The line's first job is claimed `waited_s` after it was accepted, `queued` more accepted
     just after it still queued."""
-    first = submit(client, priority).json()["id"]
-    second = submit(client, priority).json()["id"]
-    accepted_ago(second, waited_s - 0.01)
+    first, *behind = [submit(client, priority).json()["id"] for _ in range(queued + 1)]
+    for job_id in behind:
+        accepted_ago(job_id, waited_s - 0.01)
     return claimed_after(first, waited_s)
 
 
@@ -89,15 +89,6 @@ def test_a_late_claim_refuses_the_lines_new_jobs_with_503_and_retry_after(api, e
     assert Job.objects.count() == stored  # nothing accepted, nothing to expire
 
 
-def late_behind(client, queued: int):
-    """The line's first job claimed 1.5 s after it was accepted, `queued` accepted just after
-    it still queued."""
-    first, *behind = [submit(client).json()["id"] for _ in range(queued + 1)]
-    for job_id in behind:
-        accepted_ago(job_id, 1.49)
-    return claimed_after(first, 1.5)
-
-
 def retry_after_ms(client) -> int:
     response = submit(client)
     assert response.status_code == 503, response.content
@@ -107,7 +98,7 @@ def retry_after_ms(client) -> int:
 def test_the_refusal_says_when_the_line_should_take_work_again(api, embedding, monkeypatch):
     monkeypatch.setattr(overdue, "OVERDUE_HOLD_MS", 250)
     measured(embedding, 4.0)
-    assert late_behind(api, 24).jobs
+    assert late_with_a_backlog(api, queued=24).jobs
 
     response = submit(api)
 
@@ -121,7 +112,7 @@ def test_the_refusal_says_when_the_line_should_take_work_again(api, embedding, m
 
 def test_a_line_one_batch_from_empty_is_refused_for_the_hold(api, embedding):
     measured(embedding, 4.0)
-    assert late_behind(api, 8).jobs  # its batch, 8 jobs, is all that waits
+    assert late_with_a_backlog(api, queued=8).jobs  # its batch, 8 jobs, is all that waits
 
     assert overdue.OVERDUE_HOLD_MS - 1_000 < retry_after_ms(api) <= overdue.OVERDUE_HOLD_MS
 
@@ -129,7 +120,7 @@ def test_a_line_one_batch_from_empty_is_refused_for_the_hold(api, embedding):
 def test_each_late_claim_predicts_the_lapse_again(api, embedding, monkeypatch):
     monkeypatch.setattr(overdue, "OVERDUE_HOLD_MS", 250)
     measured(embedding, 4.0)
-    late_behind(api, 24)
+    late_with_a_backlog(api, queued=24)
     first = retry_after_ms(api)
     queued = [
         str(pk)
