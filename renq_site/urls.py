@@ -53,9 +53,24 @@ urlpatterns = [
 ]
 
 
+# The front door's paths (OpenAI's /v1/, Cohere's /v2/): their clients are SDKs that read
+# errors in OpenAI's JSON shape, not a page.
+FRONT_DOOR_PREFIXES = ("/v1/", "/v2/")
+
+
 def not_found(request, exception=None):
     """The REST API's 404 in its JSON error shape (a malformed job id never matches the URL
-    pattern, and Django's own 404 is an HTML page); every other path keeps Django's page."""
+    pattern, and Django's own 404 is an HTML page), the front door's in OpenAI's (as OpenAI
+    answers a path it does not serve); every other path keeps Django's page."""
+    if request.path.startswith(FRONT_DOOR_PREFIXES):
+        from inference.openai_api.errors import OpenAIError
+
+        return OpenAIError(
+            404,
+            f"Invalid URL ({request.method} {request.path}): no such endpoint here; "
+            "GET /v1/models lists the models.",
+            code="unknown_url",
+        ).response()
     if request.path.startswith("/api/"):
         from django.http import JsonResponse
 
