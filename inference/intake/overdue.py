@@ -103,7 +103,7 @@ def overdue_key(service_id: int, tenant_id: int, tier: str) -> str:
     return f"{OVERDUE_PREFIX}{service_id}:{tenant_id}:{tier}"
 
 
-def waited_too_long(job: Job, now: datetime, fraction: float = OVERDUE_FRACTION) -> bool:
+def waited_past(job: Job, now: datetime, fraction: float = OVERDUE_FRACTION) -> bool:
     """Whether the job, claimed now, waited past `fraction` of its latency promise (jobs that
     promise none never do)."""
     if not promises_latency(job.tier, job.requested_tier):
@@ -123,9 +123,9 @@ def note_late_claims(jobs: Iterable[Job], now: datetime) -> None:
     ahead: dict[tuple[int, int, str], Service] = {}
     for job in jobs:
         line = (job.service_id, job.tenant_id, job.tier)
-        if waited_too_long(job, now):
+        if waited_past(job, now):
             late[line] = job.service
-        elif waited_too_long(job, now, LOOK_AHEAD_FRACTION) and _look_ahead_due(line):
+        elif waited_past(job, now, LOOK_AHEAD_FRACTION) and _look_ahead_due(line):
             ahead[line] = job.service
     if not late and not ahead:
         return
