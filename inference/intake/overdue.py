@@ -9,11 +9,7 @@ tenant's new jobs of that line bound for the local workers with a 503 and Retry-
 of accepting them to expire: an expired job cost the web, PostgreSQL and a claim as much as
 one that ran, on the machine the model needs, and its client learns nothing until it looks.
 One job that waited alone (a worker starting up, a message left by a stopped worker) marks
-nothing. A claim after LOOK_AHEAD_FRACTION of the wait also looks ahead: when the line's queued
-jobs would take the workers longer than OVERDUE_FRACTION of it at the service's measured
-throughput, the line is marked then. Clients that send again the moment a line takes work
-would otherwise fill it for as long as a job takes to wait half its promise, and the last of
-what they sent would expire.
+nothing.
 
 The mark lapses when the line should take work again: once its queued jobs beyond one full
 batch have drained at the service's measured throughput (a new mark holds OVERDUE_HOLD_MS at
@@ -28,11 +24,9 @@ the drain), and they end the mark rather than hold the line a hold longer.
 By tenant and tier, as the workers serve them: a flooding tenant's line waits, while another
 tenant's jobs take their fair turns and start in time, so that tenant is not refused; batch and
 offline work promise no start and are never refused here, and a job the router sends to a cloud
-backend does not wait for the local workers. A late claim is measured: its wait already includes
-whatever the tenant's jobs wait behind (realtime work, other tenants' turns, fewer workers than
-configured). The look ahead counts only the line itself, as if it had the workers to itself, so
-it never marks a line whose new jobs would start within half their promise: sharing the
-workers only makes them wait longer.
+backend does not wait for the local workers. Measured at the claim, not predicted from a count:
+the wait already includes whatever the tenant's jobs wait behind (realtime work, other tenants'
+turns, fewer workers than configured).
 """
 
 from __future__ import annotations
@@ -65,13 +59,6 @@ CHECK_REUSE_S = 0.1
 
 # A line's queued jobs are counted this far for its mark's predicted lapse.
 MAX_COUNTED_LINE = 10_000
-# A claim after this share of a job's start promise looks ahead (at most every LOOK_AHEAD_S per
-# line and process): a line whose queued jobs would keep a new one waiting past
-# OVERDUE_FRACTION of the promise is marked then, before any of them has waited that long.
-LOOK_AHEAD_FRACTION = 0.25
-LOOK_AHEAD_S = 0.1
-# line key → time.monotonic() of this process's last look ahead at it.
-_looked_ahead: dict[str, float] = {}
 
 # key → (time.monotonic() until which it holds, when the overdue line's clients should come
 # back as time.time(), or None when it was not overdue).
@@ -103,31 +90,24 @@ def overdue_key(service_id: int, tenant_id: int, tier: str) -> str:
     return f"{OVERDUE_PREFIX}{service_id}:{tenant_id}:{tier}"
 
 
-def waited_past(job: Job, now: datetime, fraction: float = OVERDUE_FRACTION) -> bool:
-    """Whether the job, claimed now, waited past `fraction` of its latency promise (jobs that
-    promise none never do)."""
+def waited_too_long(job: Job, now: datetime) -> bool:
+    """Whether the job, claimed now, waited past OVERDUE_FRACTION of its latency promise (jobs
+    that promise none never do)."""
     if not promises_latency(job.tier, job.requested_tier):
         return False
-    return now - job.created_at > timedelta(seconds=fraction * job.service.start_promise_s)
+    return now - job.created_at > _late_after(job.service)
 
 
 def note_late_claims(jobs: Iterable[Job], now: datetime) -> None:
     """Mark the lines whose claimed (or expired at their claim) jobs waited too long while more
-    of the line, still queued, have waited too long as well; and, looking ahead from a claim
-    past LOOK_AHEAD_FRACTION of the promise, the lines whose queued jobs take the workers
-    longer than OVERDUE_FRACTION of it at the service's throughput: clients that send again as
-    soon as a line reopens would otherwise fill it for as long as a job takes to wait that
-    long, and the last of them expire. Best effort: without Redis or PostgreSQL the line is
-    simply not refused, and the claim goes on."""
-    late: dict[tuple[int, int, str], Service] = {}
-    ahead: dict[tuple[int, int, str], Service] = {}
-    for job in jobs:
-        line = (job.service_id, job.tenant_id, job.tier)
-        if waited_past(job, now):
-            late[line] = job.service
-        elif waited_past(job, now, LOOK_AHEAD_FRACTION) and _look_ahead_due(line):
-            ahead[line] = job.service
-    if not late and not ahead:
+    of the line, still queued, have waited too long as well. Best effort: without Redis or
+    PostgreSQL the line is simply not refused, and the claim goes on."""
+    late: dict[tuple[int, int, str], Service] = {
+        (job.service_id, job.tenant_id, job.tier): job.service
+        for job in jobs
+        if waited_too_long(job, now)
+    }
+    if not late:
         return
     try:
         lapses = {
@@ -135,11 +115,6 @@ def note_late_claims(jobs: Iterable[Job], now: datetime) -> None:
             for line, service in late.items()
             if _still_waiting_since(*line, now - _late_after(service))
         }
-        for line, service in ahead.items():
-            if line not in late:
-                depth = _line_depth(*line)
-                if depth / throughput_jobs_s(service) > _late_after(service).total_seconds():
-                    lapses[overdue_key(*line)] = _lapse_ms(service, depth, now)
         if not lapses:
             return
         client = shared_redis()
@@ -179,28 +154,12 @@ def _predicted_lapse_ms(
     full batch have drained at the service's throughput; they come back half that batch later,
     so that the prediction may be off by half a batch either way, and they still find the line
     open and the model still busy."""
-    return _lapse_ms(service, _line_depth(service_id, tenant_id, tier), now)
-
-
-def _line_depth(service_id: int, tenant_id: int, tier: str) -> int:
-    return Job.objects.filter(
+    depth = Job.objects.filter(
         service_id=service_id, status=JobStatus.QUEUED, tenant_id=tenant_id, tier=tier
     )[:MAX_COUNTED_LINE].count()
-
-
-def _lapse_ms(service: Service, depth: int, now: datetime) -> tuple[int, int]:
     jobs_s = throughput_jobs_s(service)
     lapse_s = now.timestamp() + max(0, depth - service.batch_size) / jobs_s
     return int(lapse_s * 1000), int((lapse_s + service.batch_size / 2 / jobs_s) * 1000)
-
-
-def _look_ahead_due(line: tuple[int, int, str]) -> bool:
-    """Whether this process may look ahead at the line now (and it counts as looked at)."""
-    key, now = overdue_key(*line), time.monotonic()
-    if now - _looked_ahead.get(key, float("-inf")) < LOOK_AHEAD_S:
-        return False
-    _looked_ahead[key] = now
-    return True
 
 
 def overdue_service(tenant: Tenant, jobs: Sequence[Job]) -> tuple[Service, float] | None:
@@ -255,4 +214,3 @@ def _seconds_until(back: float) -> float:
 
 def forget_checks() -> None:
     _checked.clear()
-    _looked_ahead.clear()
