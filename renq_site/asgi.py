@@ -14,12 +14,12 @@ import django
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "renq_site.settings")
 django.setup(set_prefix=False)  # before the handlers' imports load models
 
-import renq_site.urls  # noqa: E402, F401  (the views load now, not on the first request)
 from inference.api.head_start import offer_before_lane  # noqa: E402
 from inference.openai_api.asgi import FrontDoorHandler  # noqa: E402
 from renq_site import tracing  # noqa: E402
 from renq_site.garbage_collection import freeze_startup_objects  # noqa: E402
 from renq_site.request_lanes import LanedASGIHandler  # noqa: E402
+from renq_site.urls import FRONT_DOOR_PREFIX  # noqa: E402  (the views load now, not on the first request)
 
 tracing.configure()  # before the handlers load their middleware (Django's tracing is one)
 
@@ -28,7 +28,6 @@ tracing.configure()  # before the handlers load their middleware (Django's traci
 # A realtime `POST /api/v1/jobs?wait=` offers its head start before it takes a lane.
 django_application = LanedASGIHandler(before_lane=offer_before_lane)
 
-FRONT_DOOR_PREFIX = "/v1/"
 # Cohere v2's and TEI's rerank paths, outside /v1/ as their clients call them.
 FRONT_DOOR_PATHS = frozenset({"/v2/rerank", "/rerank"})
 front_door = tracing.asgi_app(FrontDoorHandler())

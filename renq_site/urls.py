@@ -53,16 +53,18 @@ urlpatterns = [
 ]
 
 
-# The front door's paths (OpenAI's /v1/, Cohere's /v2/): their clients are SDKs that read
-# errors in OpenAI's JSON shape, not a page.
-FRONT_DOOR_PREFIXES = ("/v1/", "/v2/")
+# The OpenAI-compatible front door's paths (renq_site.asgi serves them thread-free).
+FRONT_DOOR_PREFIX = "/v1/"
+# Paths whose clients are SDKs (OpenAI's, Cohere's v2) that read errors in OpenAI's JSON
+# shape, not a page.
+SDK_PREFIXES = (FRONT_DOOR_PREFIX, "/v2/")
 
 
 def not_found(request, exception=None):
     """The REST API's 404 in its JSON error shape (a malformed job id never matches the URL
     pattern, and Django's own 404 is an HTML page), the front door's in OpenAI's (as OpenAI
     answers a path it does not serve); every other path keeps Django's page."""
-    if request.path.startswith(FRONT_DOOR_PREFIXES):
+    if request.path.startswith(SDK_PREFIXES):
         from inference.openai_api.errors import OpenAIError
 
         return OpenAIError(
