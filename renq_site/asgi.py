@@ -1,10 +1,10 @@
 """ASGI entry point: `gunicorn renq_site.asgi:application -k uvicorn_worker.UvicornWorker`.
 
 /v1/ (the OpenAI-compatible front door, async views that wait for jobs) and the front door's
-other rerank paths (/v2/rerank, /rerank) go to its own handler with no middleware and no
-per-request thread; everything else (the REST API, admin, docs, probes) to Django's handler on
-a few long-lived request threads per process (renq_site.request_lanes), which keep their
-PostgreSQL connections between requests.
+paths outside it (Cohere's /v2/ embed and rerank, TEI's /rerank) go to its own handler with no
+middleware and no per-request thread; everything else (the REST API, admin, docs, probes) to
+Django's handler on a few long-lived request threads per process (renq_site.request_lanes),
+which keep their PostgreSQL connections between requests.
 """
 
 import os
@@ -16,6 +16,7 @@ django.setup(set_prefix=False)  # before the handlers' imports load models
 
 from inference.api.head_start import offer_before_lane  # noqa: E402
 from inference.openai_api.asgi import FrontDoorHandler  # noqa: E402
+from inference.openai_api.urls import root_urlpatterns  # noqa: E402
 from renq_site import tracing  # noqa: E402
 from renq_site.garbage_collection import freeze_startup_objects  # noqa: E402
 from renq_site.request_lanes import LanedASGIHandler  # noqa: E402
@@ -28,8 +29,8 @@ tracing.configure()  # before the handlers load their middleware (Django's traci
 # A realtime `POST /api/v1/jobs?wait=` offers its head start before it takes a lane.
 django_application = LanedASGIHandler(before_lane=offer_before_lane)
 
-# Cohere v2's and TEI's rerank paths, outside /v1/ as their clients call them.
-FRONT_DOOR_PATHS = frozenset({"/v2/rerank", "/rerank"})
+# Cohere v2's and TEI's paths, outside /v1/ as their clients call them.
+FRONT_DOOR_PATHS = frozenset(f"/{pattern.pattern}" for pattern in root_urlpatterns)
 front_door = tracing.asgi_app(FrontDoorHandler())
 
 # Last: what the process loaded to serve lives as long as it does.

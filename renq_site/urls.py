@@ -36,7 +36,7 @@ urlpatterns = [
             )
         ),
     ),
-    # Cohere v2's /v2/rerank and TEI's /rerank: the front door's other rerank shapes.
+    # Cohere v2's /v2/embed and /v2/rerank, TEI's /rerank: the front door outside /v1/.
     *openai_api_urls.root_urlpatterns,
     path(
         "api/schema/",

@@ -4,6 +4,8 @@ batch line gets exactly the answer the same request would get on its own.
 
     endpoint               kind       job input                           answer object
     /v1/embeddings         embedding  {"texts"}                           "list" of "embedding"
+    /v1/embed              embedding  the same, from {"texts"}            Cohere v1
+    /v2/embed              embedding  the same                            Cohere v2
     /v1/rerank             reranker   {"query", "documents", "top_n"}     Cohere v1 / Jina
     /v2/rerank             reranker   the same                            Cohere v2
     /rerank                reranker   the same, from {"query", "texts"}   TEI: [{index, score}]
@@ -20,11 +22,14 @@ from typing import Any
 
 from inference.intake.lookups import active_service
 from inference.jobs.kinds import kind_of
+from inference.jobs.vectors import EmbeddingMatrix
 from inference.models import Job, Service
 from inference.openai_api.chat_template import ChatTemplateError, render_chat
 from inference.openai_api.errors import OpenAIError, bad_request, model_not_found
 
 EMBEDDINGS = "/v1/embeddings"
+EMBED = "/v1/embed"
+EMBED_V2 = "/v2/embed"
 RERANK = "/v1/rerank"
 RERANK_V2 = "/v2/rerank"
 TEI_RERANK = "/rerank"
@@ -112,6 +117,13 @@ def _created(job: Job) -> int:
 # --- /v1/embeddings -------------------------------------------------------------------------
 
 
+def _positive_int(body: dict, name: str) -> int | None:
+    value = body.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise bad_request(f"{name} must be a positive integer.", name)
+    return value
+
+
 def _build_embeddings(body: dict, service: Service) -> tuple[dict, dict]:
     texts = body.get("input")
     if isinstance(texts, str):
@@ -123,26 +135,29 @@ def _build_embeddings(body: dict, service: Service) -> tuple[dict, dict]:
     encoding_format = body.get("encoding_format") or "float"
     if encoding_format not in ("float", "base64"):
         raise bad_request("encoding_format must be 'float' or 'base64'.", "encoding_format")
-    dimensions = body.get("dimensions")
-    if dimensions is not None and (
-        isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1
-    ):
-        raise bad_request("dimensions must be a positive integer.", "dimensions")
+    dimensions = _positive_int(body, "dimensions")
     return {"texts": texts}, {"encoding_format": encoding_format, "dimensions": dimensions}
 
 
-def _render_embeddings(job: Job, options: dict) -> dict:
+def _stored_matrix(job: Job) -> EmbeddingMatrix:
     # The stored float32 bytes (inference.jobs.vectors): base64 is encoded from them directly.
     matrix = job.embedding_matrix()
     if matrix is None:
         raise ValueError(f"job {job.pk} has no embeddings")
-    dimensions = options.get("dimensions")
-    if dimensions is not None:
-        if dimensions > matrix.dim:
-            raise bad_request(
-                f"dimensions {dimensions} is larger than the model's {matrix.dim}.", "dimensions"
-            )
-        matrix = matrix.truncated(dimensions)
+    return matrix
+
+
+def _sized(matrix: EmbeddingMatrix, dimensions: int | None, param: str) -> EmbeddingMatrix:
+    """The first `dimensions` values of each vector, re-normalised; all of them for None."""
+    if dimensions is None:
+        return matrix
+    if dimensions > matrix.dim:
+        raise bad_request(f"{param} {dimensions} is larger than the model's {matrix.dim}.", param)
+    return matrix.truncated(dimensions)
+
+
+def _render_embeddings(job: Job, options: dict) -> dict:
+    matrix = _sized(_stored_matrix(job), options.get("dimensions"), "dimensions")
     vectors = matrix.encoded(options.get("encoding_format") or "float")
     tokens = _usage_tokens(job)
     return {
@@ -154,6 +169,91 @@ def _render_embeddings(job: Job, options: dict) -> dict:
         "model": job.service.name,
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
     }
+
+
+# --- embed: Cohere v1 (/v1/embed) and v2 (/v2/embed) ----------------------------------------
+# The job /v1/embeddings runs, asked and answered in Cohere's shapes. input_type, max_tokens
+# and priority are accepted: the model embeds every text alike and truncates at its own max
+# length, and X-Renq-Priority sets the tier.
+
+COHERE_INPUT_TYPES = ("search_document", "search_query", "classification", "clustering")
+# Both are the stored float32 vectors. Cohere's int8/uint8/binary/ubinary are its own
+# quantisations of its own models: refused, not approximated.
+COHERE_EMBEDDING_TYPES = ("float", "base64")
+# The model cuts a long text at its own max length, keeping the start: Cohere's END. START
+# would keep the end, NONE promises an error instead: both are refused, not approximated.
+COHERE_TRUNCATE = "END"
+
+
+def _embedding_types(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise bad_request("embedding_types must be a non-empty list of strings.", "embedding_types")
+    refused = [v for v in value if v not in COHERE_EMBEDDING_TYPES]
+    if refused:
+        raise bad_request(
+            f"embedding_types {refused[0]!r} is not supported: renq answers "
+            f"{' and '.join(map(repr, COHERE_EMBEDDING_TYPES))}.",
+            "embedding_types",
+        )
+    return list(dict.fromkeys(value))
+
+
+def _build_embed(body: dict, service: Service) -> tuple[dict, dict]:
+    """Cohere v1 and v2: {texts, input_type, embedding_types, truncate, output_dimension}."""
+    for name in ("images", "inputs"):
+        if body.get(name) is not None:
+            raise bad_request(f"{name} are not supported: renq embeds text; send texts.", name)
+    texts = body.get("texts")
+    if not isinstance(texts, list) or not texts:
+        raise bad_request("texts must be a non-empty list of strings.", "texts")
+    input_type = body.get("input_type")
+    if input_type is not None and input_type not in COHERE_INPUT_TYPES:
+        raise bad_request(
+            f"input_type must be one of {', '.join(COHERE_INPUT_TYPES)}.", "input_type"
+        )
+    truncate = body.get("truncate")
+    if truncate is not None and truncate != COHERE_TRUNCATE:
+        raise bad_request(
+            f"truncate must be {COHERE_TRUNCATE}: renq's models cut a long text at its end.",
+            "truncate",
+        )
+    _positive_int(body, "max_tokens")
+    return {"texts": texts}, {
+        "embedding_types": _embedding_types(body.get("embedding_types")),
+        "output_dimension": _positive_int(body, "output_dimension"),
+    }
+
+
+def _embed_answer(job: Job, options: dict, version: str, by_type: bool) -> dict:
+    """Cohere's EmbedResponse: floats (v1's default) or EmbedByTypeResponse."""
+    matrix = _sized(_stored_matrix(job), options.get("output_dimension"), "output_dimension")
+    if by_type:
+        types = options.get("embedding_types") or ["float"]
+        embeddings: Any = {name: matrix.encoded(name) for name in types}
+    else:
+        embeddings = matrix.encoded("float")
+    return {
+        "id": f"embed-{job.pk}",
+        "embeddings": embeddings,
+        "texts": job.input["texts"],
+        "meta": {
+            "api_version": {"version": version},
+            "billed_units": {"input_tokens": _usage_tokens(job)},
+        },
+        "response_type": "embeddings_by_type" if by_type else "embeddings_floats",
+    }
+
+
+def _render_embed(job: Job, options: dict) -> dict:
+    """Cohere v1: `embeddings_floats` unless embedding_types asks for `embeddings_by_type`."""
+    return _embed_answer(job, options, "1", by_type=options.get("embedding_types") is not None)
+
+
+def _render_embed_v2(job: Job, options: dict) -> dict:
+    """Cohere v2: always by type, float when embedding_types is left out."""
+    return _embed_answer(job, options, "2", by_type=True)
 
 
 # --- rerank: Cohere v1 and Jina (/v1/rerank), Cohere v2 (/v2/rerank), TEI (/rerank) ----------
@@ -419,6 +519,7 @@ def _render_completion(job: Job, options: dict) -> dict:
     }
 
 
+_EMBED_FIELDS = {"input.texts": "texts"}
 _RERANK_FIELDS = {"input.query": "query", "input.documents": "documents", "input.top_n": "top_n"}
 _GENERATION_FIELDS = {
     "input.max_tokens": "max_tokens",
@@ -429,6 +530,8 @@ ENDPOINTS: dict[str, Endpoint] = {
     EMBEDDINGS: Endpoint(
         EMBEDDINGS, "embedding", _build_embeddings, _render_embeddings, {"input.texts": "input"}
     ),
+    EMBED: Endpoint(EMBED, "embedding", _build_embed, _render_embed, _EMBED_FIELDS),
+    EMBED_V2: Endpoint(EMBED_V2, "embedding", _build_embed, _render_embed_v2, _EMBED_FIELDS),
     RERANK: Endpoint(RERANK, "reranker", _build_rerank, _render_rerank, _RERANK_FIELDS),
     RERANK_V2: Endpoint(RERANK_V2, "reranker", _build_rerank, _render_rerank_v2, _RERANK_FIELDS),
     TEI_RERANK: Endpoint(

@@ -316,6 +316,16 @@ async def embeddings(request: HttpRequest) -> HttpResponse:
 
 
 @openai_view("POST")
+async def embed(request: HttpRequest) -> HttpResponse:
+    return await answer_with_job(request, ENDPOINTS[endpoints.EMBED])
+
+
+@openai_view("POST")
+async def embed_v2(request: HttpRequest) -> HttpResponse:
+    return await answer_with_job(request, ENDPOINTS[endpoints.EMBED_V2])
+
+
+@openai_view("POST")
 async def rerank(request: HttpRequest) -> HttpResponse:
     return await answer_with_job(request, ENDPOINTS[endpoints.RERANK])
 

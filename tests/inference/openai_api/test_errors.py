@@ -171,13 +171,13 @@ def test_a_job_no_backend_can_serve_is_refused_before_it_is_stored(
 
 
 def test_a_path_the_front_door_does_not_serve_is_404_in_openai_shape(client, front_door_url):
-    # An SDK method renq does not implement (OpenAI's moderations, Cohere's v2 embed) gets an
+    # An SDK method renq does not implement (OpenAI's moderations, Cohere's v2 chat) gets an
     # error its SDK can read, not an HTML page.
     with pytest.raises(openai.NotFoundError) as caught:
         client.moderations.create(input="hi")
     body = assert_openai_shape(caught.value, 404, "unknown_url")
     assert "POST /v1/moderations" in body["message"]
-    answer = requests.post(f"{front_door_url}/v2/embed", json={"texts": ["hi"]}, timeout=5)
+    answer = requests.post(f"{front_door_url}/v2/chat", json={"model": "x"}, timeout=5)
     assert answer.status_code == 404
     assert answer.headers["Content-Type"] == "application/json"
     assert answer.json()["error"]["code"] == "unknown_url"
