@@ -575,12 +575,19 @@ class JobQuerySet(models.QuerySet):
         """The worker still holds its running jobs: their leases run `lease_s` from now. A job
         taken over since is held by another worker (or queued) and is not touched, nor is one
         claimed before the database last started: a crash may have undone its store (see
-        _ASYNC_COMMIT), and its lease must lapse so that it runs again."""
-        return self.filter(
+        _ASYNC_COMMIT), and its lease must lapse so that it runs again. A row another
+        transaction holds (its store, most likely) is skipped, not waited for: the two lock
+        the worker's rows in different orders and could deadlock, and a row not finishing is
+        renewed again within a quarter of its lease."""
+        held = self.filter(
             status=JobStatus.RUNNING,
             worker=worker[:200],
             claimed_at__gte=RawSQL("pg_postmaster_start_time()", ()),
-        ).update(lease_expires_at=timezone.now() + timedelta(seconds=lease_s))
+        ).select_for_update(skip_locked=True)
+        with transaction.atomic(using=self.db):
+            return self.model.objects.filter(pk__in=held.values("pk")).update(
+                lease_expires_at=timezone.now() + timedelta(seconds=lease_s)
+            )
 
     def lapsed(self, now: datetime) -> JobQuerySet:
         """Running jobs whose lease ran out: their worker stopped renewing it."""

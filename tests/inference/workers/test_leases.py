@@ -247,3 +247,53 @@ def test_a_process_stopped_on_request_hands_its_jobs_back_uncounted(
     claim = Job.objects.claim(ids, redelivered_ids=ids, worker="peer:2")
     assert len(claim.jobs) == 4 and not claim.dead_lettered
     assert set(Job.objects.filter(pk__in=ids).values_list("attempts", flat=True)) == {1}
+
+
+def test_renewing_leases_never_waits_for_a_store_under_way(make_tenant, make_service):
+    """The lease keeper and the store thread write the same rows in different orders: were
+    the renewal to wait for a row the store has locked, the two could deadlock (Postgres then
+    fails one after a second's wait, and a drain run stalls). A row being stored is skipped:
+    it is finishing, and any other is renewed again within a quarter of a lease."""
+    tenant, _ = make_tenant()
+    service = make_service("noop", name="lease-beside-store")
+    storing, other = _queued(tenant, service, 2)
+    Job.objects.claim([storing.pk, other.pk], worker=worker_identity())
+    _lapse(storing)
+    _lapse(other)
+    locked, release = threading.Event(), threading.Event()
+
+    def store_under_way() -> None:
+        from django.db import connection, transaction
+
+        try:
+            with transaction.atomic():
+                Job.objects.filter(pk=storing.pk).update(batch_size=1)  # holds the row's lock
+                locked.set()
+                release.wait(30)
+        finally:
+            connection.close()
+
+    store = threading.Thread(target=store_under_way)
+    store.start()
+    try:
+        assert locked.wait(10)
+        renewed: list[int] = []
+
+        def renew() -> None:
+            from django.db import connection
+
+            try:
+                renewed.append(lease_keeper.renew_now())
+            finally:
+                connection.close()
+
+        renewal = threading.Thread(target=renew)
+        renewal.start()
+        renewal.join(5)
+        assert not renewal.is_alive(), "the renewal waited for the row being stored"
+        assert renewed == [1]
+        assert Job.objects.get(pk=other.pk).lease_expires_at > timezone.now()
+    finally:
+        release.set()
+        store.join(10)
+        renewal.join(30)
