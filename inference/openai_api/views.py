@@ -310,44 +310,24 @@ async def stream_answer(
     return response
 
 
-@openai_view("POST")
-async def embeddings(request: HttpRequest) -> HttpResponse:
-    return await answer_with_job(request, ENDPOINTS[endpoints.EMBEDDINGS])
+def answering(path: str) -> View:
+    """The view of one job endpoint (ENDPOINTS[path]): submit, wait, answer."""
+
+    async def view(request: HttpRequest) -> HttpResponse:
+        return await answer_with_job(request, ENDPOINTS[path])
+
+    view.__name__ = view.__qualname__ = path.strip("/").replace("/", "_")
+    return openai_view("POST")(view)
 
 
-@openai_view("POST")
-async def embed(request: HttpRequest) -> HttpResponse:
-    return await answer_with_job(request, ENDPOINTS[endpoints.EMBED])
-
-
-@openai_view("POST")
-async def embed_v2(request: HttpRequest) -> HttpResponse:
-    return await answer_with_job(request, ENDPOINTS[endpoints.EMBED_V2])
-
-
-@openai_view("POST")
-async def rerank(request: HttpRequest) -> HttpResponse:
-    return await answer_with_job(request, ENDPOINTS[endpoints.RERANK])
-
-
-@openai_view("POST")
-async def rerank_v2(request: HttpRequest) -> HttpResponse:
-    return await answer_with_job(request, ENDPOINTS[endpoints.RERANK_V2])
-
-
-@openai_view("POST")
-async def tei_rerank(request: HttpRequest) -> HttpResponse:
-    return await answer_with_job(request, ENDPOINTS[endpoints.TEI_RERANK])
-
-
-@openai_view("POST")
-async def chat_completions(request: HttpRequest) -> HttpResponse:
-    return await answer_with_job(request, ENDPOINTS[endpoints.CHAT_COMPLETIONS])
-
-
-@openai_view("POST")
-async def completions(request: HttpRequest) -> HttpResponse:
-    return await answer_with_job(request, ENDPOINTS[endpoints.COMPLETIONS])
+embeddings = answering(endpoints.EMBEDDINGS)
+embed = answering(endpoints.EMBED)
+embed_v2 = answering(endpoints.EMBED_V2)
+rerank = answering(endpoints.RERANK)
+rerank_v2 = answering(endpoints.RERANK_V2)
+tei_rerank = answering(endpoints.TEI_RERANK)
+chat_completions = answering(endpoints.CHAT_COMPLETIONS)
+completions = answering(endpoints.COMPLETIONS)
 
 
 def _model(service: Service) -> dict:
