@@ -47,6 +47,7 @@ from inference.delivery.waiting import (
 )
 from inference.dispatch.queue_report import queue_report
 from inference.intake.bulk import bulk_progresses, submit_bulk
+from inference.intake.row_writer import wait_until_flushed
 from inference.intake.submission import (
     IDEMPOTENCY_KEY_HEADER,
     MAX_JOBS_PER_REQUEST,
@@ -234,6 +235,7 @@ class JobListCreateView(NamedQueryParameters, generics.ListAPIView):
         fields: dict,
         job_id: uuid.UUID | None = None,
         head_start_offered: bool = False,
+        caller_waits: bool = False,
     ) -> Job:
         return submit_job(
             tenant=request.user,
@@ -245,6 +247,7 @@ class JobListCreateView(NamedQueryParameters, generics.ListAPIView):
             actor=requested_actor(request),
             job_id=job_id,
             head_start_offered=head_start_offered,
+            caller_waits=caller_waits,
         )
 
     def _post_and_wait(self, request, fields: dict, encoding_format: str, wait_s: float):
@@ -256,7 +259,9 @@ class JobListCreateView(NamedQueryParameters, generics.ListAPIView):
         offered = offered_job_id(request._request)  # its head start is under way
         job_id = offered or new_job_id()
         submitted_at = time.monotonic()
-        job = self._submit_one(request, fields, job_id, head_start_offered=offered is not None)
+        job = self._submit_one(
+            request, fields, job_id, head_start_offered=offered is not None, caller_waits=True
+        )
         # Not another request's job (its Idempotency-Key), nor answered from the result cache.
         own = job.pk == job_id and not job.is_terminal
 
@@ -273,6 +278,10 @@ class JobListCreateView(NamedQueryParameters, generics.ListAPIView):
                 subscription=subscription,
                 from_notice=lambda notice: notice.final_job(job),
             )
+            if final is None:
+                # A 202 says the job was accepted: its row is on disk first (its commit did
+                # not wait for the WAL flush, the caller was waiting).
+                await sync_to_async(wait_until_flushed, thread_sensitive=True)()
             return AnswerResponse(
                 waited_job_body(final or job, encoding_format), status=200 if final else 202
             )

@@ -22,6 +22,11 @@ circle: when the members' locks, one member after another, would not be taken in
 
 The jobs of a committed group are published together (jobs bound for one tier queue share a
 message), and every member returns after that publish, as it would have alone.
+
+A submission whose caller waits for its job's outcome need not wait for the WAL flush
+(`durable=False`): it commits as a claim does (ASYNC_COMMIT), and its caller makes it durable
+before telling a client the job was accepted without an outcome (row_writer.wait_until_flushed).
+A group commits that way only when none of its members needs the flush.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ import threading
 from collections.abc import Callable, Sequence
 
 from inference.intake.row_writer import OutcomeUnknown
+from inference.jobs.transitions import ASYNC_COMMIT
 from inference.models import Job
 
 logger = logging.getLogger(__name__)
@@ -44,13 +50,18 @@ MAX_GROUP_SUBMISSIONS = 32
 MAX_GROUPED_JOBS = 8
 
 Statements = Sequence[tuple[str, list]]
+# First in a transaction that need not wait for the WAL flush.
+_SKIP_FLUSH = (ASYNC_COMMIT.rstrip(";\n"), [])
 
 
 class _Submission:
-    __slots__ = ("statements", "jobs", "lock_order", "done", "outcome")
+    __slots__ = ("statements", "jobs", "lock_order", "durable", "done", "outcome")
 
-    def __init__(self, statements: Statements, jobs: Sequence[Job], lock_order: tuple):
+    def __init__(
+        self, statements: Statements, jobs: Sequence[Job], lock_order: tuple, durable=True
+    ):
         self.statements, self.jobs, self.lock_order = statements, jobs, lock_order
+        self.durable = durable
         self.done = threading.Event()
         # "committed", "alone" (run your own statements), "lead", or "unknown" (the group's
         # connection broke with its statements sent: they may have committed)
@@ -80,14 +91,21 @@ class GroupCommit:
         self._leading = False
         self.groups_committed = 0  # groups of two or more (the tests read it)
 
-    def submit(self, statements: Statements, jobs: Sequence[Job], lock_order: tuple = ()) -> None:
+    def submit(
+        self,
+        statements: Statements,
+        jobs: Sequence[Job],
+        lock_order: tuple = (),
+        durable: bool = True,
+    ) -> None:
         """Commit one submission's statements and publish its jobs; returns once both are done.
         Raises the DatabaseError its statements raise when run alone (and then nothing of it
         was committed or published). `lock_order`: the keys, (space, id), of the advisory locks
-        its statements take, in ascending order."""
+        its statements take, in ascending order. `durable=False`: its commit need not wait
+        for the WAL flush."""
         if self._pid != os.getpid():
             self._reset()  # a forked child: its parent's threads are not here
-        mine = _Submission(statements, jobs, lock_order)
+        mine = _Submission(statements, jobs, lock_order, durable)
         if len(jobs) > MAX_GROUPED_JOBS:
             self._alone(mine)
             return
@@ -137,7 +155,7 @@ class GroupCommit:
     def _commit(self, group: list[_Submission], mine: _Submission) -> bool:
         """Commit the group; False if nothing of it was (each member then runs alone)."""
         if len(group) == 1:
-            self._execute(mine.statements)  # raises to this submission's caller
+            self._execute(_committed_as(mine.statements, [mine]))  # raises to its caller
             return True
         group.sort(key=lambda s: s.lock_order)
         statements = [statement for s in group for statement in s.statements]
@@ -146,7 +164,7 @@ class GroupCommit:
         if taken != sorted(taken):
             statements.insert(0, _lock_statement(sorted(taken)))
         try:
-            self._execute(statements)
+            self._execute(_committed_as(statements, group))
         except OutcomeUnknown:
             # It may have committed: run alone, a member's jobs could be stored twice. Each
             # member raises it to its own caller, which knows what to do with its jobs.
@@ -167,8 +185,15 @@ class GroupCommit:
         return True
 
     def _alone(self, submission: _Submission) -> None:
-        self._execute(submission.statements)
+        self._execute(_committed_as(submission.statements, [submission]))
         self._publish(submission.jobs)
+
+
+def _committed_as(statements: Statements, members: Sequence[_Submission]) -> Statements:
+    """The statements, first told not to wait for the WAL flush when no member needs it."""
+    if any(member.durable for member in members):
+        return statements
+    return [_SKIP_FLUSH, *statements]
 
 
 def _lock_statement(keys: Sequence[tuple[int, int]]) -> tuple[str, list]:

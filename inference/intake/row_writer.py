@@ -9,12 +9,16 @@ prepared as the ORM prepares them for saving. No signals, as with bulk_create.
 from __future__ import annotations
 
 import functools
+import logging
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
 from django.db import OperationalError, connections
 from django.db.models import Model
+
+logger = logging.getLogger(__name__)
 
 
 def insert_statement(rows: Sequence[Model], using: str = "default") -> tuple[str, list]:
@@ -99,6 +103,30 @@ def run_in_one_round_trip(statements: Sequence[tuple[str, list]], using: str = "
             if may_have_committed(exc):
                 raise OutcomeUnknown(*exc.args) from exc
             raise
+
+
+# How often a wait for the WAL flush looks again (the WAL writer flushes every
+# wal_writer_delay, 200 ms by default), and how long it looks at most.
+FLUSH_POLL_S = 0.01
+FLUSH_WAIT_MAX_S = 5.0
+
+
+def wait_until_flushed(using: str = "default") -> bool:
+    """Return once every commit made so far is on disk, so one made without waiting for the
+    WAL flush (a waiting caller's submission) is durable before its caller is told the job
+    was accepted without an outcome. False: not flushed within FLUSH_WAIT_MAX_S."""
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_insert_lsn()")
+        (written,) = cursor.fetchone()
+        deadline = time.monotonic() + FLUSH_WAIT_MAX_S
+        while True:
+            cursor.execute("SELECT pg_current_wal_flush_lsn() >= %s::pg_lsn", [written])
+            if cursor.fetchone()[0]:
+                return True
+            if time.monotonic() > deadline:
+                logger.warning("WAL not flushed past %s in %g s", written, FLUSH_WAIT_MAX_S)
+                return False
+            time.sleep(FLUSH_POLL_S)
 
 
 def may_have_committed(exc: OperationalError) -> bool:

@@ -154,6 +154,10 @@ class JobRequest:
     job_id: uuid.UUID | None = None
     # The caller offered the job's head start already (inference.dispatch.head_start).
     head_start_offered: bool = False
+    # The caller waits for the job's outcome and answers with it (a synchronous front door):
+    # its commit need not wait for the WAL flush (GroupCommit), and the caller waits for the
+    # flush before it answers without an outcome (row_writer.wait_until_flushed).
+    caller_waits: bool = False
 
     @property
     def tokens(self) -> int:
@@ -188,9 +192,11 @@ def submit_job(
     actor: str = "",
     job_id: uuid.UUID | None = None,
     head_start_offered: bool = False,
+    caller_waits: bool = False,
 ) -> Job:
     """Validate, admit and store one job (with `job_id`, if given); its dispatch message is
     published after commit. `head_start_offered`: the caller offered its head start already.
+    `caller_waits`: the caller waits for the outcome (see JobRequest.caller_waits).
 
     Raises InputError (400, names the field; UnservableJob when no configured backend can
     serve it) or AdmissionRefused (429/503 with Retry-After).
@@ -206,8 +212,9 @@ def submit_job(
         priority=priority,
         deadline_ms=deadline_ms,
     )
-    if job_id is not None:
-        request = replace(request, job_id=job_id, head_start_offered=head_start_offered)
+    asked = dict(job_id=job_id, head_start_offered=head_start_offered, caller_waits=caller_waits)
+    if job_id is not None or caller_waits:
+        request = replace(request, **asked)
     try:
         return submit_jobs(tenant, [request], idempotency_key=key, listed=False, actor=actor)[0]
     except IntegrityError:
@@ -219,6 +226,8 @@ def submit_job(
         tenant, service_name=service_name, payload=payload, priority=priority,
         deadline_ms=deadline_ms,
     )  # fmt: skip
+    if job_id is not None or caller_waits:
+        request = replace(request, **asked)
     return submit_jobs(tenant, [request], idempotency_key=key, listed=False, actor=actor)[0]
 
 
@@ -336,7 +345,8 @@ def accept(
                     # Before the commit: an idle worker starts the pass meanwhile, and may
                     # be handed the job once it is committed.
                     created[0].head_start_offered = offer_head_start(created[0])
-                _group_commit.submit(statements, created, lock_order=lock_order)
+                durable = not all(requests[i].caller_waits for i in pending)
+                _group_commit.submit(statements, created, lock_order=lock_order, durable=durable)
         except OutcomeUnknown:
             if not connection.in_atomic_block:
                 # The jobs may be stored, each counted as published: without a message one

@@ -109,7 +109,7 @@ _CLAIM_TYPES = (
 # undone store: the job is running again under a lease nobody renews (renew_leases renews only
 # claims made since the database started), so it is taken over and runs again, and its one
 # completion is the rerun's. So neither waits on the disk on an idle realtime job's path.
-_ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off;\n"
+ASYNC_COMMIT = "SET LOCAL synchronous_commit TO off;\n"
 
 _POISON_SQL = """
 UPDATE inference_job
@@ -244,7 +244,7 @@ def _execute_by_id(cursor, statement: PreparedStatement, params: dict, *, unflus
         rows = cursor.fetchall()
         cursor.execute("SET LOCAL enable_seqscan TO DEFAULT")
         return rows
-    cursor.execute((_ASYNC_COMMIT if unflushed else "") + _BY_ID + sql, params)
+    cursor.execute((ASYNC_COMMIT if unflushed else "") + _BY_ID + sql, params)
     return cursor.fetchall()
 
 
@@ -375,7 +375,7 @@ class JobQuerySet(models.QuerySet):
                 cursor.execute(_POISON_SQL, params)
                 claim.dead_lettered = [row[0] for row in cursor.fetchall()]
                 _audit(cursor, claim.dead_lettered, "dead_lettered", [JobStatus.FAILED])
-            # Its own transaction need not wait for the WAL flush (see _ASYNC_COMMIT).
+            # Its own transaction need not wait for the WAL flush (see ASYNC_COMMIT).
             rows = _execute_by_id(cursor, _claim_layout(self.model)[0], params, unflushed=True)
         if not rows:
             return claim
@@ -429,12 +429,12 @@ class JobQuerySet(models.QuerySet):
         written = 0
         succeeded: set[str] = set()
         # Its own transaction need not wait for the WAL flush when a crash that undid it would
-        # only have the jobs computed again, to the same results (see _ASYNC_COMMIT); a
+        # only have the jobs computed again, to the same results (see ASYNC_COMMIT); a
         # caller's transaction commits as the caller decides.
         unflushed = not connection.in_atomic_block and all(map(_reproducible, outcomes))
         with _atomic_if(bool(failures), self.db), connection.cursor() as cursor:
             if unflushed and failures:
-                cursor.execute(_ASYNC_COMMIT)
+                cursor.execute(ASYNC_COMMIT)
             if rows:
                 # The statement takes the batch column by column.
                 columns = map(list, zip(*rows, strict=True))
@@ -575,7 +575,7 @@ class JobQuerySet(models.QuerySet):
         """The worker still holds its running jobs: their leases run `lease_s` from now. A job
         taken over since is held by another worker (or queued) and is not touched, nor is one
         claimed before the database last started: a crash may have undone its store (see
-        _ASYNC_COMMIT), and its lease must lapse so that it runs again. A row another
+        ASYNC_COMMIT), and its lease must lapse so that it runs again. A row another
         transaction holds (its store, most likely) is skipped, not waited for: the two lock
         the worker's rows in different orders and could deadlock, and a row not finishing is
         renewed again within a quarter of its lease."""

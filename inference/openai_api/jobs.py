@@ -64,10 +64,12 @@ def submit(
     idempotency_key: str = "",
     job_id: uuid.UUID | None = None,
     head_start_offered: bool = False,
+    caller_waits: bool = False,
 ) -> tuple[Job, JobRequest]:
     """Authenticate, translate and submit (as `job_id`, if given): one trip to the database
     thread per request. With an Idempotency-Key already sent with the same request, the job
-    that request made. `head_start_offered`: the caller offered its head start already."""
+    that request made. `head_start_offered`: the caller offered its head start already;
+    `caller_waits`: it answers with the job's outcome (submission.JobRequest.caller_waits)."""
     tenant = authenticate(authorization)
     request = prepare(endpoint, body)
     if isinstance(body, dict) and body.get("stream") is True:
@@ -83,6 +85,7 @@ def submit(
             idempotency_key=idempotency_key,
             job_id=job_id,
             head_start_offered=head_start_offered,
+            caller_waits=caller_waits,
         )
     except InputError as exc:
         headers = {"priority": PRIORITY_HEADER, "deadline_ms": DEADLINE_HEADER}

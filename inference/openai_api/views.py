@@ -28,6 +28,7 @@ from inference.delivery.json_response import AnswerResponse
 from inference.delivery.streaming import generated_text
 from inference.delivery.waiting import async_redis, new_job_id, subscribe, wait_for_final_job
 from inference.dispatch.head_start import offer_in_background
+from inference.intake.row_writer import wait_until_flushed
 from inference.intake.submission import IDEMPOTENCY_KEY_HEADER, effective_deadline_s
 from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.models import Job, Service, Tenant
@@ -133,11 +134,14 @@ async def submitted(
     priority: str,
     deadline_ms: int | None,
     job_id: uuid.UUID | None = None,
+    caller_waits: bool = False,
 ) -> tuple[Job, JobRequest, float]:
     """The request's job, submitted (as `job_id`, if given; or found again by its
     Idempotency-Key), its request, and how long the request may wait for it: the client's
     deadline, never past the service's. A job of `job_id` that can be offered a head start
-    from here is offered one first, while the submit is on its way to the database thread."""
+    from here is offered one first, while the submit is on its way to the database thread.
+    `caller_waits`: the request answers with the job's outcome (its commit may skip the WAL
+    flush: see submission.JobRequest.caller_waits)."""
     offered = False
     if job_id is not None and not idempotency_key(request):  # a key may find an older job
         target = jobs.head_start_target(authorization(request), endpoint, body, priority)
@@ -158,6 +162,7 @@ async def submitted(
         idempotency_key(request),
         job_id,
         offered,
+        caller_waits,
     )
     return job, job_request, effective_deadline_s(job_request.service, deadline_ms)
 
@@ -173,7 +178,7 @@ async def submitted_and_final(
     subscription = await subscribe(job_id)
     try:
         job, job_request, timeout_s = await submitted(
-            request, endpoint, body, priority, deadline_ms, job_id
+            request, endpoint, body, priority, deadline_ms, job_id, caller_waits=True
         )
     except BaseException:
         await subscription.close()
@@ -211,6 +216,8 @@ async def answer_with_job(request: HttpRequest, endpoint: Endpoint) -> HttpRespo
             # The client's own deadline passed: a job nobody started would only waste a GPU.
             # Past total_timeout alone the job runs on, its result kept for a later fetch.
             await in_db_thread(jobs.cancel_if_queued, job.pk)
+        # The answer names a job to fetch later: its row is on disk first.
+        await in_db_thread(wait_until_flushed)
         raise OpenAIError(
             504,
             f"job {job.pk} did not finish within {timeout_s:g} s; fetch its result later from "

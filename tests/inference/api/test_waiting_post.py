@@ -77,3 +77,21 @@ def test_the_django_test_client_waits_too(gpu_worker, api, services):
     )
     assert answer.status_code == 200
     assert answer.json()["status"] == "succeeded"
+
+
+def test_a_202_after_a_wait_is_sent_once_the_job_is_on_disk(api, unserved, monkeypatch):
+    """A waiting POST commits without waiting for the WAL flush (its caller answers with the
+    outcome); when it answers 202 instead, the job it names is made durable first."""
+    from inference.api import views
+    from inference.intake import row_writer
+
+    flushed: list[bool] = []
+    monkeypatch.setattr(
+        views, "wait_until_flushed", lambda: flushed.append(row_writer.wait_until_flushed())
+    )
+    answer = api.post(
+        "/api/v1/jobs?wait=0.2", {"service": unserved, "input": {"texts": ["x"]}}, format="json"
+    )
+    assert answer.status_code == 202
+    assert flushed == [True]
+    assert Job.objects.get(pk=answer.json()["id"]).status == JobStatus.QUEUED

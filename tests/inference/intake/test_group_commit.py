@@ -11,7 +11,7 @@ from django.db import connection
 
 from inference.dispatch.broker import ready_message_counts
 from inference.dispatch.queues import service_queues, tier_queue
-from inference.intake import submission
+from inference.intake import row_writer, submission
 from inference.intake.admission import AdmissionRefused
 from inference.intake.submission import submit_job
 from inference.models import Job
@@ -175,3 +175,83 @@ def test_members_of_a_group_whose_commit_reply_was_lost_are_not_run_again_alone(
     queue = tier_queue("reply-lost-group", jobs[0].tier)
     assert ready_message_counts([queue]) == {queue: 4}
     purge_test_queues(service_queues("reply-lost-group"))
+
+
+def _executed_sql(monkeypatch) -> list[str]:
+    """The query string of each commit the process's group commit runs."""
+    group_commit = submission._group_commit
+    execute = group_commit._execute
+    executed: list[str] = []
+
+    def recording(statements):
+        executed.append(";\n".join(sql for sql, _ in statements))
+        execute(statements)
+
+    monkeypatch.setattr(group_commit, "_execute", recording)
+    return executed
+
+
+def test_a_waiting_callers_commit_skips_the_wal_flush_and_is_flushed_before_it_answers(
+    make_tenant, make_service, monkeypatch
+):
+    """A submission whose caller answers with the job's outcome (a synchronous front door)
+    commits without waiting for the disk, as a claim does; any other waits. Both are stored
+    and visible at once, and wait_until_flushed returns once the first is on disk."""
+    make_service("noop", name="unflushed")
+    purge_test_queues(service_queues("unflushed"))
+    tenant, _ = make_tenant()
+    executed = _executed_sql(monkeypatch)
+
+    waited = submit_job(tenant=tenant, service_name="unflushed", payload={"texts": ["a"]},
+                        caller_waits=True)  # fmt: skip
+    accepted = submit_job(tenant=tenant, service_name="unflushed", payload={"texts": ["b"]})
+
+    assert executed[0].startswith("SET LOCAL synchronous_commit TO off;")
+    assert "synchronous_commit" not in executed[1]
+    assert Job.objects.filter(pk__in=[waited.pk, accepted.pk], status="queued").count() == 2
+    assert row_writer.wait_until_flushed()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_current_wal_flush_lsn() >= pg_current_wal_insert_lsn()")
+        assert cursor.fetchone()[0]
+    purge_test_queues(service_queues("unflushed"))
+
+
+def test_a_group_skips_the_wal_flush_only_when_every_caller_waits(
+    make_tenant, make_service, first_commit_held
+):
+    make_service("noop", name="mixed-waits")
+    purge_test_queues(service_queues("mixed-waits"))
+    tenant, _ = make_tenant()
+
+    def submit_group(waits: list[bool]) -> list:
+        first_commit_held.update(first=True, waiting=len(waits) - 1)
+        first_commit_held["entered"].clear()
+        answers: list = [None] * len(waits)
+
+        def submit(i: int) -> None:
+            try:
+                answers[i] = submit_job(
+                    tenant=tenant, service_name="mixed-waits",
+                    payload={"texts": [f"{waits} {i}"]}, caller_waits=waits[i],
+                )  # fmt: skip
+            finally:
+                connection.close()
+
+        threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(waits))]
+        threads[0].start()
+        assert first_commit_held["entered"].wait(timeout=30)
+        for thread in threads[1:]:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=30)
+        return answers
+
+    # Each commit's statement count: 3 per submission alone, 9 for a group of three, one
+    # more when the commit is told not to wait for the WAL flush.
+    answers = submit_group([True, True, False, True])
+    assert sorted(first_commit_held["calls"]) == [(4, None), (9, None)]
+    first_commit_held["calls"].clear()
+    answers += submit_group([False, True, True, True])
+    assert sorted(first_commit_held["calls"]) == [(3, None), (10, None)]
+    assert Job.objects.filter(pk__in=[j.pk for j in answers], status="queued").count() == 8
+    purge_test_queues(service_queues("mixed-waits"))
