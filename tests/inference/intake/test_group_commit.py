@@ -49,15 +49,20 @@ def first_commit_held(monkeypatch):
     return held
 
 
-def _submit_concurrently(tenant, services: list[str], first_commit_held: dict) -> list:
-    """One thread per job: the first's commit is held while the others submit. Each answer:
-    the job or the exception."""
+def _submit_concurrently(
+    tenant, services: list[str], first_commit_held: dict, waits: list[bool] | None = None
+) -> list:
+    """One thread per job: the first's commit is held while the others submit (`waits`: whether
+    each one's caller waits for its outcome). Each answer: the job or the exception."""
     answers: list = [None] * len(services)
 
     def submit(i: int) -> None:
         try:
             answers[i] = submit_job(
-                tenant=tenant, service_name=services[i], payload={"texts": [f"text {i}"]}
+                tenant=tenant,
+                service_name=services[i],
+                payload={"texts": [f"text {i} {waits}"]},
+                caller_waits=bool(waits and waits[i]),
             )
         except Exception as exc:  # noqa: BLE001 - the answer under test
             answers[i] = exc
@@ -226,25 +231,7 @@ def test_a_group_skips_the_wal_flush_only_when_every_caller_waits(
     def submit_group(waits: list[bool]) -> list:
         first_commit_held.update(first=True, waiting=len(waits) - 1)
         first_commit_held["entered"].clear()
-        answers: list = [None] * len(waits)
-
-        def submit(i: int) -> None:
-            try:
-                answers[i] = submit_job(
-                    tenant=tenant, service_name="mixed-waits",
-                    payload={"texts": [f"{waits} {i}"]}, caller_waits=waits[i],
-                )  # fmt: skip
-            finally:
-                connection.close()
-
-        threads = [threading.Thread(target=submit, args=(i,)) for i in range(len(waits))]
-        threads[0].start()
-        assert first_commit_held["entered"].wait(timeout=30)
-        for thread in threads[1:]:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=30)
-        return answers
+        return _submit_concurrently(tenant, ["mixed-waits"] * len(waits), first_commit_held, waits)
 
     # Each commit's statement count: 3 per submission alone, 9 for a group of three, one
     # more when the commit is told not to wait for the WAL flush.
