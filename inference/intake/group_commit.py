@@ -58,7 +58,11 @@ class _Submission:
     __slots__ = ("statements", "jobs", "lock_order", "durable", "done", "outcome")
 
     def __init__(
-        self, statements: Statements, jobs: Sequence[Job], lock_order: tuple, durable=True
+        self,
+        statements: Statements,
+        jobs: Sequence[Job],
+        lock_order: tuple,
+        durable: bool = True,
     ):
         self.statements, self.jobs, self.lock_order = statements, jobs, lock_order
         self.durable = durable

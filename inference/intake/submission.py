@@ -205,16 +205,25 @@ def submit_job(
     request.
     """
     key = clean_idempotency_key(idempotency_key)
-    request = prepare(
-        tenant,
-        service_name=service_name,
-        payload=payload,
-        priority=priority,
-        deadline_ms=deadline_ms,
-    )
-    asked = dict(job_id=job_id, head_start_offered=head_start_offered, caller_waits=caller_waits)
-    if job_id is not None or caller_waits:
-        request = replace(request, **asked)
+
+    def prepared() -> JobRequest:
+        request = prepare(
+            tenant,
+            service_name=service_name,
+            payload=payload,
+            priority=priority,
+            deadline_ms=deadline_ms,
+        )
+        if job_id is None and not caller_waits:
+            return request
+        return replace(
+            request,
+            job_id=job_id,
+            head_start_offered=head_start_offered,
+            caller_waits=caller_waits,
+        )
+
+    request = prepared()
     try:
         return submit_jobs(tenant, [request], idempotency_key=key, listed=False, actor=actor)[0]
     except IntegrityError:
@@ -222,13 +231,7 @@ def submit_job(
             raise
     # The cached service was deleted (and maybe recreated) since it was cached: look again.
     forget_all()
-    request = prepare(
-        tenant, service_name=service_name, payload=payload, priority=priority,
-        deadline_ms=deadline_ms,
-    )  # fmt: skip
-    if job_id is not None or caller_waits:
-        request = replace(request, **asked)
-    return submit_jobs(tenant, [request], idempotency_key=key, listed=False, actor=actor)[0]
+    return submit_jobs(tenant, [prepared()], idempotency_key=key, listed=False, actor=actor)[0]
 
 
 def submit_jobs(
