@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from datetime import datetime
 
-from django.db import connection
+from django.db import DatabaseError, InterfaceError, connection
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import Signal
 
@@ -114,7 +114,14 @@ class ConfigWatcher:
         if self._primed and now - self._checked_at < interval:
             return False
         self._checked_at = now
-        last = config_last_update()
+        try:
+            last = config_last_update()
+        except (DatabaseError, InterfaceError):
+            if not self._primed:
+                raise
+            # Postgres is away: what was read before still serves (a commit after a submission
+            # must not fail on a staleness check), and the look after the outage sees any change.
+            return False
         if not self._primed:
             # The first look records where we stand; the process just loaded everything.
             self._primed, self._seen = True, last

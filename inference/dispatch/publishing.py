@@ -382,7 +382,7 @@ def publish_many(
     if counted_on:
         if len(sent) < len(jobs):
             confirmed = set(sent)
-            _unmark([job.pk for job in jobs if job.pk not in confirmed])
+            hand_to_outbox([job.pk for job in jobs if job.pk not in confirmed])
     elif sent:
         Job.objects.filter(pk__in=sent).mark_published()
     return len(sent)
@@ -556,7 +556,9 @@ def _stamp_published(job_ids: list) -> None:
         logger.warning("could not stamp %d released jobs as published", len(job_ids))
 
 
-def _unmark(job_ids: list) -> None:
+def hand_to_outbox(job_ids: Sequence) -> None:
+    """Jobs counted as published that may have no message: the outbox sends them (or, with
+    Postgres away too, the lost-message sweep once it is back)."""
     try:
         Job.objects.filter(pk__in=job_ids).unmark_published()
     except (DatabaseError, InterfaceError):
@@ -599,9 +601,15 @@ def _fair_tags(
     `holding`: a message to a worker tier queue below realtime may be held back."""
     if not messages:
         return []
-    plans = _tenant_plans([group[0] for _, group in messages])
+    try:
+        plans = _tenant_plans([group[0] for _, group in messages])
+        weights = [plan_weight(plans.get(group[0].tenant_id, "")) for _, group in messages]
+    except (DatabaseError, InterfaceError):
+        # Postgres went away after the jobs' commit: they still go, at the static priority.
+        logger.warning("no plan weights for %d messages", len(messages), exc_info=True)
+        return [None] * len(messages)
     charges = []
-    for target, group in messages:
+    for (target, group), weight in zip(messages, weights, strict=True):
         first = group[0]
         estimate = kind_of(first.service.kind).estimate_tokens
         charges.append(
@@ -610,7 +618,7 @@ def _fair_tags(
                 tenant_id=first.tenant_id,
                 tokens=sum(estimate(job.input)[0] for job in group),
                 jobs=len(group),
-                weight=plan_weight(plans.get(first.tenant_id, "")),
+                weight=weight,
                 batch_jobs=first.service.batch_size,
                 batch_tokens=first.service.max_total_tokens,
                 holdable=holding
@@ -624,9 +632,7 @@ def _fair_tags(
 
 def _tenant_plans(jobs: Sequence[Job]) -> dict[int, str]:
     """Tenant id → plan: from the jobs' loaded tenants, else one query for the rest."""
-    plans = {
-        job.tenant_id: job.tenant.plan for job in jobs if Job.tenant.is_cached(job)
-    }
+    plans = {job.tenant_id: job.tenant.plan for job in jobs if Job.tenant.is_cached(job)}
     missing = {job.tenant_id for job in jobs} - plans.keys()
     if missing:
         plans.update(Tenant.objects.filter(pk__in=missing).values_list("pk", "plan"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
@@ -30,6 +31,7 @@ from inference.dispatch.placement import check_servable, routes_on_submit, token
 from inference.dispatch.publishing import (
     RUN_JOB_TASK,
     destination,
+    hand_to_outbox,
     publish_many,
     publish_many_on_commit,
 )
@@ -56,6 +58,8 @@ from inference.jobs.kinds import kind_of, validate_input
 from inference.jobs.tiers import TIER_NAMES, Tier, promises_latency
 from inference.models import Job, JobStatus, Service, Tenant
 
+logger = logging.getLogger(__name__)
+
 # The header a client sends its key in (REST and /v1 alike).
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 # An Idempotency-Key returns the job it first created for this long.
@@ -71,7 +75,12 @@ def _publish_submitted(jobs: Sequence[Job]) -> None:
     if len({job.tier for job in jobs}) > 1:
         # A group's realtime jobs first: their confirm does not wait behind the other tiers'.
         jobs = sorted(jobs, key=lambda job: Tier(job.tier).rank)
-    publish_many(jobs, counted_on=True)
+    try:
+        publish_many(jobs, counted_on=True)
+    except Exception:
+        # Committed: the submitters are told their jobs were accepted, and they were.
+        logger.warning("could not publish %d committed jobs", len(jobs), exc_info=True)
+        hand_to_outbox([job.pk for job in jobs])
 
 
 # Submissions made at the same time by this process's threads commit and publish together.

@@ -191,9 +191,7 @@ def _pg_cluster_name() -> str:
     return sorted(p.name for p in Path("/etc/postgresql").iterdir())[0]
 
 
-def postgres_outage(
-    s, outage_s: float, *, real_service: bool = False, crash: bool = False
-) -> None:
+def postgres_outage(s, outage_s: float, *, real_service: bool = False, crash: bool = False) -> None:
     """`crash`: the real server stops without a checkpoint (immediate mode) and recovers from
     its WAL when it starts, losing the commits that did not wait for the WAL flush."""
     busy_backlog(s, 40)
@@ -274,6 +272,46 @@ def test_postgres_restarted_real(scenario):
 @real[1]
 def test_postgres_crashed_real(scenario):
     postgres_outage(scenario, outage_s=3, real_service=True, crash=True)
+
+
+def postgres_flapping(s, cuts: int, rate: float) -> None:
+    """Many short cuts under a fast load: some land between a submission's COMMIT and its
+    answer or its publish. A job committed then is answered 202 and sent at once, or answered
+    503 (a phantom) and sent all the same: none waits for the lost-message sweep."""
+    busy_backlog(s, 40)
+    load = s.clients.run_in_background(
+        [noop_job(f"flap {i}", sleep_ms=5) for i in range(int(rate * (cuts * 0.75 + 2)))],
+        rate_per_s=rate,
+    )
+    time.sleep(1)
+    for _ in range(cuts):
+        s.proxies.postgres.cut()
+        time.sleep(0.25)
+        s.proxies.postgres.restore()
+        time.sleep(0.5)
+    restored = time.monotonic()
+    load.join(120)
+    report = ledger(
+        f"PostgreSQL cut {cuts} times",
+        s.tenant,
+        s.clients.submissions,
+        bound_s=90,
+        started_at=restored,
+    )
+    report_and_check(report)
+    assert report.final_after_s < SETTLED_WITHIN_S, report.line()
+    assert report.completed == report.accepted + report.phantom, report.line()
+
+
+@pytest.mark.chaos
+def test_postgres_flapping(scenario):
+    postgres_flapping(scenario, cuts=8, rate=40.0)
+
+
+@full[0]
+@full[1]
+def test_postgres_flapping_full(scenario):
+    postgres_flapping(scenario, cuts=24, rate=60.0)
 
 
 # --- 4. PostgreSQL out of connections while jobs are claimed --------------------------------

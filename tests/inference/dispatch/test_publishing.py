@@ -150,6 +150,65 @@ def test_a_publish_that_fails_at_submission_leaves_the_job_to_the_outbox(
     assert ready_message_counts([queue]) == {queue: 1}
 
 
+def test_a_submission_committed_as_postgres_goes_away_is_accepted_and_sent(
+    make_tenant, make_service, monkeypatch
+):
+    # Its publish looks up the tenant's plan weight, which looks for configuration changes in
+    # Postgres: that look failing once the jobs are committed must not make them a 503.
+    from django.db import OperationalError
+
+    from inference.config import changes
+    from inference.dispatch.broker import ready_message_counts
+    from inference.dispatch.queues import service_queues, tier_queue
+    from inference.intake import submission
+    from tests.conftest import purge_test_queues
+
+    make_service("noop", name="committed-then-away")
+    purge_test_queues(service_queues("committed-then-away"))
+    tenant, _ = make_tenant()
+    away = False
+    last_update, execute = changes.config_last_update, submission._group_commit._execute
+
+    def marker():
+        if away:
+            raise OperationalError("server closed the connection unexpectedly")
+        return last_update()
+
+    def committed_then_away(statements):
+        nonlocal away
+        execute(statements)
+        away = True
+
+    monkeypatch.setattr(changes, "config_last_update", marker)
+    monkeypatch.setattr(submission._group_commit, "_execute", committed_then_away)
+    job = submission.submit_job(
+        tenant=tenant, service_name="committed-then-away", payload={"texts": ["x"]}
+    )
+
+    queue = tier_queue("committed-then-away", job.tier)
+    assert ready_message_counts([queue]) == {queue: 1}
+
+
+def test_a_committed_submission_whose_publish_fails_goes_to_the_outbox(
+    make_tenant, make_service, monkeypatch
+):
+    from inference.intake import submission
+
+    make_service("noop", name="publish-raised")
+    tenant, _ = make_tenant()
+
+    def raising(jobs, **kwargs):
+        raise RuntimeError("the publish broke")
+
+    monkeypatch.setattr(submission, "publish_many", raising)
+    job = submission.submit_job(
+        tenant=tenant, service_name="publish-raised", payload={"texts": ["x"]}
+    )
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED and job.published_at is None  # the outbox's now
+
+
 def test_a_dispatch_message_carries_the_headers_celery_writes_for_the_task():
     # The worker runs what Celery's own as_task_v2 would have sent: a Celery upgrade that
     # changes the task protocol fails here, not in a worker that cannot read the message.
@@ -271,9 +330,7 @@ def test_a_realtime_jobs_message_carries_its_input_unless_it_is_large(make_tenan
     small = {"texts": ["hello"]}
     large = {"texts": ["x" * MAX_CARRIED_INPUT_BYTES]}
     for payload, priority in ((small, "realtime"), (large, "realtime"), (small, "batch")):
-        submit_job(
-            tenant=tenant, service_name="carried-input", payload=payload, priority=priority
-        )
+        submit_job(tenant=tenant, service_name="carried-input", payload=payload, priority=priority)
 
     realtime = _ready_headers(tier_queue("carried-input", "realtime"))
     batch = _ready_headers(tier_queue("carried-input", "batch"))
