@@ -14,6 +14,9 @@ close the response (request_finished). Their receivers (Django's: connection and
 cleanup, for the calling context's connections, of which the event loop has none) are quick
 and synchronous, so here they run on the event loop; only a streaming response is still closed
 on a thread, as Django closes it.
+
+An answer carries its Content-Length (CommonMiddleware's job elsewhere): without it the
+server sends it chunked, which clients parse more slowly and HTTP/1.0 clients cannot.
 """
 
 from __future__ import annotations
@@ -63,6 +66,11 @@ class FrontDoorHandler(ASGIHandler):
                 response.close()  # sends request_finished
         finally:
             body_file.close()
+
+    async def send_response(self, response, send) -> None:
+        if not response.streaming and not response.has_header("Content-Length"):
+            response.headers["Content-Length"] = str(len(response.content))
+        await super().send_response(response, send)
 
     async def _respond_unless_disconnected(self, request, receive, send):
         """The response sent (None: the client left before it was)."""

@@ -81,6 +81,22 @@ def test_request_signals_fire_once_each_on_the_event_loop():
     assert seen.threads == {"started": [here], "finished": [here]}
 
 
+def test_an_answer_carries_its_content_length():
+    # Not sent chunked: an HTTP/1.0 client could not read it, and every client parses more.
+    calls = []
+
+    async def receive() -> dict:
+        calls.append(1)
+        if len(calls) == 1:
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.Event().wait()  # the client stays connected
+
+    sent = _serve(FrontDoorHandler(), _scope("/v1/models"), receive)
+    headers = dict(sent[0]["headers"])
+    body = b"".join(m.get("body", b"") for m in sent[1:])
+    assert int(headers[b"Content-Length"]) == len(body) > 0
+
+
 class _WaitingHandler(FrontDoorHandler):
     """A view that waits for a job no worker will run."""
 
