@@ -63,17 +63,22 @@ def _serve(handler, scope: dict, receive) -> list[dict]:
     return sent
 
 
-def test_request_signals_fire_once_each_on_the_event_loop():
+def _connected_client():
+    """An ASGI receive: an empty request body, then a client that stays connected."""
     calls = []
 
     async def receive() -> dict:
         calls.append(1)
         if len(calls) == 1:
             return {"type": "http.request", "body": b"", "more_body": False}
-        await asyncio.Event().wait()  # the client stays connected
+        await asyncio.Event().wait()
 
+    return receive
+
+
+def test_request_signals_fire_once_each_on_the_event_loop():
     with _Signals() as seen:
-        sent = _serve(FrontDoorHandler(), _scope("/v1/models"), receive)
+        sent = _serve(FrontDoorHandler(), _scope("/v1/models"), _connected_client())
     assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 401
     body = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
     assert body["error"]["code"] == "invalid_api_key"
@@ -83,15 +88,7 @@ def test_request_signals_fire_once_each_on_the_event_loop():
 
 def test_an_answer_carries_its_content_length():
     # Not sent chunked: an HTTP/1.0 client could not read it, and every client parses more.
-    calls = []
-
-    async def receive() -> dict:
-        calls.append(1)
-        if len(calls) == 1:
-            return {"type": "http.request", "body": b"", "more_body": False}
-        await asyncio.Event().wait()  # the client stays connected
-
-    sent = _serve(FrontDoorHandler(), _scope("/v1/models"), receive)
+    sent = _serve(FrontDoorHandler(), _scope("/v1/models"), _connected_client())
     headers = dict(sent[0]["headers"])
     body = b"".join(m.get("body", b"") for m in sent[1:])
     assert int(headers[b"Content-Length"]) == len(body) > 0
