@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -174,7 +175,15 @@ class JobRequest:
 
 
 def prepare(
-    tenant: Tenant, *, service_name: Any, payload: Any, priority: Any = None, deadline_ms=None
+    tenant: Tenant,
+    *,
+    service_name: Any,
+    payload: Any,
+    priority: Any = None,
+    deadline_ms=None,
+    job_id: uuid.UUID | None = None,
+    head_start_offered: bool = False,
+    caller_waits: bool = False,
 ) -> JobRequest:
     service = resolve_service(service_name)
     tier = plan_tier(resolve_tier(priority, tenant), tenant)
@@ -187,6 +196,9 @@ def prepare(
         deadline_ms=resolve_deadline_ms(deadline_ms),
         requested_tier=tier.requested,
         tier_reason=tier.reason,
+        job_id=job_id,
+        head_start_offered=head_start_offered,
+        caller_waits=caller_waits,
     )
 
 
@@ -214,24 +226,17 @@ def submit_job(
     request.
     """
     key = clean_idempotency_key(idempotency_key)
-
-    def prepared() -> JobRequest:
-        request = prepare(
-            tenant,
-            service_name=service_name,
-            payload=payload,
-            priority=priority,
-            deadline_ms=deadline_ms,
-        )
-        if job_id is None and not caller_waits:
-            return request
-        return replace(
-            request,
-            job_id=job_id,
-            head_start_offered=head_start_offered,
-            caller_waits=caller_waits,
-        )
-
+    prepared = partial(
+        prepare,
+        tenant,
+        service_name=service_name,
+        payload=payload,
+        priority=priority,
+        deadline_ms=deadline_ms,
+        job_id=job_id,
+        head_start_offered=head_start_offered,
+        caller_waits=caller_waits,
+    )
     request = prepared()
     try:
         return submit_jobs(tenant, [request], idempotency_key=key, listed=False, actor=actor)[0]
