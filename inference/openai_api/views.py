@@ -17,12 +17,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from functools import wraps
 
-import redis
 from django.core.exceptions import RequestDataTooBig
 from django.db import DatabaseError
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
-from kombu.exceptions import OperationalError as BrokerError
 
 from inference.delivery.json_response import AnswerResponse
 from inference.delivery.streaming import generated_text
@@ -36,6 +34,7 @@ from inference.openai_api import endpoints, jobs
 from inference.openai_api.db import in_db_thread
 from inference.openai_api.endpoints import ENDPOINTS, Endpoint, JobRequest
 from inference.openai_api.errors import OpenAIError, bad_request, model_not_found
+from renq_site import middleware
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +43,9 @@ DEADLINE_HEADER = jobs.DEADLINE_HEADER
 # a little after it; wait that much longer so the client gets the verdict, not a 504.
 VERDICT_GRACE_S = 0.25
 
-# Postgres, Redis or RabbitMQ unavailable under a request: 503, retry later.
-DEPENDENCY_ERRORS = (DatabaseError, redis.ConnectionError, redis.TimeoutError, BrokerError)
-DEPENDENCY_RETRY_AFTER_S = 5
+# Postgres, Redis or RabbitMQ unavailable under a request: 503, retry later. The REST API's
+# list (a connection already closed is no DatabaseError), and any database error.
+DEPENDENCY_ERRORS = (DatabaseError, *middleware.DEPENDENCY_ERRORS)
 
 View = Callable[..., Awaitable[HttpResponse]]
 
@@ -77,7 +76,7 @@ def openai_view(*methods: str) -> Callable[[View], View]:
                     "a dependency of renq (database, broker or Redis) is unavailable; retry later.",
                     type="server_error",
                     code="service_unavailable",
-                    headers={"Retry-After": str(DEPENDENCY_RETRY_AFTER_S)},
+                    headers={"Retry-After": str(middleware.DEPENDENCY_RETRY_AFTER_S)},
                 ).response()
 
         return wrapper

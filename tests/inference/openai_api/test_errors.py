@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from datetime import timedelta
@@ -36,6 +37,21 @@ def test_bad_key_is_401(client, front_door_url):
     assert_openai_shape(caught.value, 401, "invalid_api_key")
     response = requests.get(f"{front_door_url}/v1/models", timeout=5)
     assert response.status_code == 401
+
+
+def test_a_database_connection_already_closed_is_503_not_500():
+    # Django's InterfaceError (a connection a database restart closed) is no DatabaseError.
+    from django.db import InterfaceError
+    from django.test import RequestFactory
+
+    from inference.openai_api.views import openai_view
+
+    @openai_view("POST")
+    async def view(request):
+        raise InterfaceError("connection already closed")
+
+    response = asyncio.run(view(RequestFactory().post("/v1/embeddings")))
+    assert response.status_code == 503 and response["Retry-After"]
 
 
 def test_unknown_model_is_404_model_not_found(client):
