@@ -28,7 +28,7 @@ from inference.dispatch import fair_share
 from inference.dispatch.publishing import INPUT_HEADER
 from inference.jobs.tiers import TIER_NAMES, Tier
 from inference.workers.cloud import run_cloud_attempt
-from inference.workers.cpu_pinning import keep_off_model_cores
+from inference.workers.cpu_pinning import keep_off_model_cores, raise_model_priority
 from inference.workers.gpu.runner import BatchRunner
 from inference.workers.io_turns import IoTurns
 from inference.workers.readiness import forget_process_readiness, mark_process_ready
@@ -43,6 +43,7 @@ from inference.workers.warmup import (
     consumed_realtime_queues,
     consumed_service_names,
     import_consumed_engines,
+    torch_threads,
     warm_engines_for_consumed_queues,
 )
 from renq_site.celery import app
@@ -168,6 +169,8 @@ def _import_engines(**_kwargs) -> None:
 def _warm_worker_process(**_kwargs) -> None:
     forget_process_readiness()  # not warm until this warm-up says so
     keep_off_model_cores()  # before this process starts its threads (they inherit it)
+    if consumed_service_names():
+        raise_model_priority(torch_threads())  # likewise; control and I/O workers run no model
     failed = warm_engines_for_consumed_queues()
     # Celery's Django fixup runs after this receiver: it closes this thread's Postgres
     # sessions by file descriptor, then again through the driver, and a thread started here

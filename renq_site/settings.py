@@ -153,6 +153,9 @@ RENQ_DEVICE = os.environ.get("RENQ_DEVICE") or None
 # CPU workers: cores reserved for the model's forward passes ("0", "0-3", "2,3"); the rest of
 # the worker keeps off them (inference.workers.cpu_pinning). Empty: no pinning.
 RENQ_MODEL_CPUS = os.environ.get("RENQ_MODEL_CPUS", "")
+# Workers that run a model: their nice, and their session's (inference.workers.cpu_pinning).
+# 0: the priority they were started with.
+RENQ_MODEL_NICE = int(os.environ.get("RENQ_MODEL_NICE", "-10"))
 # Largest request body accepted (413 above it); Django's own parser limit follows it.
 RENQ_MAX_REQUEST_BYTES = int(os.environ.get("RENQ_MAX_REQUEST_BYTES", str(4 * 1024 * 1024)))
 DATA_UPLOAD_MAX_MEMORY_SIZE = RENQ_MAX_REQUEST_BYTES

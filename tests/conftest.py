@@ -68,6 +68,9 @@ def pytest_configure(config):
     # Tests recreate services and keys within a second of each other: web processes look at
     # the configuration change marker on every request instead of once a second.
     os.environ["RENQ_CONFIG_RECHECK_S"] = "0"
+    # The suite's workers share pytest's session (its clients, its fault proxies): a worker
+    # raising its session's priority would raise theirs too. test_cpu_pinning runs one raised.
+    os.environ["RENQ_MODEL_NICE"] = "0"
     from django.conf import settings
 
     settings.RENQ_QUEUE_PREFIX = TEST_QUEUE_PREFIX

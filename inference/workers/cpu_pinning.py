@@ -1,4 +1,5 @@
-"""Pinning the model to dedicated cores on a CPU worker (RENQ_MODEL_CPUS).
+"""The model's share of a CPU host: dedicated cores (RENQ_MODEL_CPUS) and the worker's
+scheduling priority (RENQ_MODEL_NICE).
 
 On a CPU-only machine the forward pass competes for cores with everything else the host runs:
 the worker's own loop, the web server, PostgreSQL, RabbitMQ. The kernel's scheduler shares
@@ -6,12 +7,19 @@ cores fairly, so the model thread is preempted whenever the rest of the stack is
 whole queue slows with it. Giving the model its own cores, as a GPU worker has its own device
 (and as CPU serving stacks do with taskset/numactl), keeps it at the raw model's speed; the
 rest of the worker stays off those cores.
+
+Without dedicated cores, the worker that runs a model runs at a higher priority than the rest
+of the stack instead: the forward pass is the scarce work, and everything else on the host
+(submissions, the broker, the database) can wait for it. Linux shares CPU first between
+sessions (autogroups, one per `make web`, `make worker`, PostgreSQL, …) and only then between
+the threads of one, so the nice is set on the worker's session as well as on its threads.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 from django.conf import settings
 
@@ -58,3 +66,36 @@ def pin_model_thread() -> None:
     if cpus:
         os.sched_setaffinity(0, cpus)
         logger.info("forward passes pinned to CPUs %s", sorted(cpus))
+
+
+# The kernel's knob for the nice of the calling process's session (autogroup), where it has one.
+AUTOGROUP = Path("/proc/self/autogroup")
+
+
+def raise_model_priority(model_threads: int) -> None:
+    """Run the calling thread, the threads it starts from now on and the worker's session at
+    RENQ_MODEL_NICE (0: as started), when the model's `model_threads` leave a core to the rest
+    of the host: a model on every core at that priority would starve the submissions that feed
+    it. Called as a worker process that runs a model starts, before its threads are started.
+    Lowering a nice below 0 needs CAP_SYS_NICE (or RLIMIT_NICE): without it the worker runs as
+    started, and says so once."""
+    nice = settings.RENQ_MODEL_NICE
+    if not nice:
+        return
+    if model_threads >= len(os.sched_getaffinity(0)):
+        logger.info(
+            "the model's %d threads take every core: its worker keeps its priority", model_threads
+        )
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, nice)  # on Linux: this thread, inherited by new ones
+        if AUTOGROUP.exists():
+            AUTOGROUP.write_text(str(nice))
+    except PermissionError:
+        logger.warning(
+            "cannot run the model's worker at nice %d (needs CAP_SYS_NICE); it runs at the "
+            "priority it was started with. RENQ_MODEL_NICE=0 keeps it so without this warning",
+            nice,
+        )
+        return
+    logger.info("the model's worker runs at nice %d", nice)

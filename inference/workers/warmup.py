@@ -33,6 +33,11 @@ def consumed_realtime_queues() -> list[str]:
     return sorted(queue for queue in queues if queue in consumed)
 
 
+def torch_threads() -> int:
+    """The threads a forward pass on the CPU uses (RENQ_TORCH_THREADS; unset or 0: every core)."""
+    return int(os.environ.get("RENQ_TORCH_THREADS", "0")) or os.cpu_count() or 1
+
+
 def _consumed_services() -> list[Service]:
     return list(Service.objects.filter(name__in=consumed_service_names(), active=True))
 
@@ -61,8 +66,7 @@ def warm_engines_for_consumed_queues() -> list[str]:
     if any(kind_of(service.kind).engine_class().uses_torch for service in services):
         import torch
 
-        threads = int(os.environ.get("RENQ_TORCH_THREADS", "0")) or os.cpu_count() or 1
-        torch.set_num_threads(threads)
+        torch.set_num_threads(torch_threads())
     failed: list[str] = []
     for service in services:
         logger.info("loading %s model %s", service.kind, service.model_ref)

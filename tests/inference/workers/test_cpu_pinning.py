@@ -1,13 +1,24 @@
-"""RENQ_MODEL_CPUS: forward passes on the model's cores, the rest of the worker off them."""
+"""RENQ_MODEL_CPUS: forward passes on the model's cores, the rest of the worker off them.
+RENQ_MODEL_NICE: a worker whose model leaves a core to the rest runs ahead of it."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import pytest
 
-from inference.workers.cpu_pinning import keep_off_model_cores, parse_cpu_list
+from inference.workers import cpu_pinning
+from inference.workers.cpu_pinning import (
+    keep_off_model_cores,
+    parse_cpu_list,
+    raise_model_priority,
+)
 from inference.workers.gpu.runner import BatchRunner
 
 needs_two_cpus = pytest.mark.skipif(
@@ -67,3 +78,73 @@ def test_without_model_cpus_nothing_is_pinned(settings):
         runner._model_thread.shutdown()
     assert in_model_thread == os.sched_getaffinity(0)
     assert _affinity_of_a_thread(keep_off_model_cores) == os.sched_getaffinity(0)
+
+
+# A worker process's start, in a session of its own (the nice it sets is its session's too): the
+# nice of its main thread, of a thread it starts afterwards, and of its session.
+_WORKER_START = """
+import json, os, threading, django
+django.setup()
+from inference.workers.cpu_pinning import raise_model_priority
+raise_model_priority(int(os.environ["MODEL_THREADS"]))
+started = []
+thread = threading.Thread(target=lambda: started.append(os.getpriority(os.PRIO_PROCESS, 0)))
+thread.start(); thread.join()
+group = open("/proc/self/autogroup").read() if os.path.exists("/proc/self/autogroup") else ""
+print(json.dumps({"main": os.getpriority(os.PRIO_PROCESS, 0), "thread": started[0],
+                  "session": group}))
+"""
+
+
+def _start_worker_process(nice: str, model_threads: int) -> dict:
+    env = {**os.environ, "RENQ_MODEL_NICE": nice, "MODEL_THREADS": str(model_threads)}
+    done = subprocess.run(
+        [sys.executable, "-c", _WORKER_START],
+        env=env,
+        cwd=Path(__file__).resolve().parents[3],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        start_new_session=True,
+        check=True,
+    )
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+may_raise_priority = pytest.mark.skipif(
+    os.geteuid() != 0, reason="lowering a nice below 0 needs root (CAP_SYS_NICE)"
+)
+
+
+@needs_two_cpus
+@may_raise_priority
+def test_a_model_worker_that_leaves_a_core_runs_ahead_of_the_rest_of_the_host():
+    started = _start_worker_process("-7", model_threads=1)
+    assert started["main"] == -7
+    assert started["thread"] == -7  # its model, loop and store threads, started afterwards
+    if started["session"]:
+        assert started["session"].split()[-1] == "-7"  # its session against the others
+
+
+@needs_two_cpus
+def test_a_model_on_every_core_keeps_the_priority_it_was_started_with():
+    started = _start_worker_process("-7", model_threads=len(os.sched_getaffinity(0)))
+    assert started["main"] == started["thread"] == os.getpriority(os.PRIO_PROCESS, 0)
+    if started["session"]:
+        assert started["session"].split()[-1] == "0"
+
+
+@needs_two_cpus
+def test_without_the_privilege_the_worker_runs_as_started_and_says_why(
+    settings, monkeypatch, caplog
+):
+    settings.RENQ_MODEL_NICE = -10
+
+    def refused(*_args) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(cpu_pinning.os, "setpriority", refused)
+    with caplog.at_level(logging.WARNING, logger=cpu_pinning.__name__):
+        raise_model_priority(1)
+    assert "needs CAP_SYS_NICE" in caplog.text
+    assert "RENQ_MODEL_NICE=0" in caplog.text

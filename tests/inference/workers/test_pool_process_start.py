@@ -35,3 +35,22 @@ def test_threads_start_after_the_main_threads_sessions_are_closed(monkeypatch, t
     tasks._warm_worker_process()
 
     assert sessions_open_at_thread_start == [False]
+
+
+@pytest.mark.parametrize("consumed", [{"embedding"}, set()])
+def test_a_pool_process_that_runs_a_model_raises_its_priority_before_its_threads(
+    monkeypatch, tmp_path, consumed
+):
+    calls: list[str] = []
+    monkeypatch.setenv("RENQ_READY_DIR", str(tmp_path))
+    monkeypatch.setattr(tasks, "consumed_service_names", lambda: consumed)
+    monkeypatch.setattr(tasks, "raise_model_priority", lambda threads: calls.append("priority"))
+    monkeypatch.setattr(tasks, "warm_engines_for_consumed_queues", lambda: [])
+    monkeypatch.setattr(tasks, "keep_off_model_cores", lambda: None)
+    monkeypatch.setattr(tasks, "freeze_startup_objects", lambda: None)
+    monkeypatch.setattr(tasks._runner.head_starts, "listen", lambda _q: calls.append("threads"))
+
+    tasks._warm_worker_process()
+
+    # The control and I/O workers run no model: they keep the priority they were started with.
+    assert calls == (["priority", "threads"] if consumed else ["threads"])
