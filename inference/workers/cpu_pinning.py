@@ -89,8 +89,6 @@ def raise_model_priority(model_threads: int) -> None:
         return
     try:
         os.setpriority(os.PRIO_PROCESS, 0, nice)  # on Linux: this thread, inherited by new ones
-        if AUTOGROUP.exists():
-            AUTOGROUP.write_text(str(nice))
     except PermissionError:
         logger.warning(
             "cannot run the model's worker at nice %d (needs CAP_SYS_NICE); it runs at the "
@@ -98,4 +96,9 @@ def raise_model_priority(model_threads: int) -> None:
             nice,
         )
         return
+    try:
+        if AUTOGROUP.exists():
+            AUTOGROUP.write_text(str(nice))
+    except OSError as exc:  # a read-only /proc, say: the threads' nice still counts in-session
+        logger.info("the worker's session keeps its nice (%s)", exc)
     logger.info("the model's worker runs at nice %d", nice)

@@ -148,3 +148,23 @@ def test_without_the_privilege_the_worker_runs_as_started_and_says_why(
         raise_model_priority(1)
     assert "needs CAP_SYS_NICE" in caplog.text
     assert "RENQ_MODEL_NICE=0" in caplog.text
+
+
+@needs_two_cpus
+def test_a_session_nice_it_cannot_set_leaves_the_threads_raised(settings, monkeypatch, caplog):
+    settings.RENQ_MODEL_NICE = -5
+    raised: list[int] = []
+    monkeypatch.setattr(cpu_pinning.os, "setpriority", lambda _which, _who, n: raised.append(n))
+
+    class ReadOnly:
+        def exists(self) -> bool:
+            return True
+
+        def write_text(self, _text: str) -> None:
+            raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(cpu_pinning, "AUTOGROUP", ReadOnly())
+    with caplog.at_level(logging.INFO, logger=cpu_pinning.__name__):
+        raise_model_priority(1)
+    assert raised == [settings.RENQ_MODEL_NICE]
+    assert "session keeps its nice" in caplog.text
