@@ -161,6 +161,7 @@ def _fresh_process_caches():
     from inference.dispatch.publishing import forget_failed_publish
     from inference.intake.lookups import forget_all
     from inference.intake.overdue import forget_checks
+    from inference.scheduling.embedding_dims import forget_embedding_dims
 
     for forget in (
         forget_all,
@@ -168,6 +169,7 @@ def _fresh_process_caches():
         forget_consumer_counts,
         forget_checks,
         forget_failed_publish,
+        forget_embedding_dims,
     ):
         forget()
     yield

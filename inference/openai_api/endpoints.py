@@ -26,6 +26,7 @@ from inference.jobs.vectors import EmbeddingMatrix
 from inference.models import Job, Service
 from inference.openai_api.chat_template import ChatTemplateError, render_chat
 from inference.openai_api.errors import OpenAIError, bad_request, model_not_found
+from inference.scheduling.embedding_dims import embedding_dim
 
 EMBEDDINGS = "/v1/embeddings"
 EMBED = "/v1/embed"
@@ -135,8 +136,21 @@ def _build_embeddings(body: dict, service: Service) -> tuple[dict, dict]:
     encoding_format = body.get("encoding_format") or "float"
     if encoding_format not in ("float", "base64"):
         raise bad_request("encoding_format must be 'float' or 'base64'.", "encoding_format")
-    dimensions = _positive_int(body, "dimensions")
+    dimensions = _within_model(service, _positive_int(body, "dimensions"), "dimensions")
     return {"texts": texts}, {"encoding_format": encoding_format, "dimensions": dimensions}
+
+
+def _larger_than_model(param: str, dimensions: int, dim: int) -> OpenAIError:
+    return bad_request(f"{param} {dimensions} is larger than the model's {dim}.", param)
+
+
+def _within_model(service: Service, dimensions: int | None, param: str) -> int | None:
+    """Refused before the job runs when a worker noted the model's vector size
+    (inference.scheduling.embedding_dims); otherwise when its vectors are sized (_sized)."""
+    dim = embedding_dim(service.model_ref) if dimensions is not None else None
+    if dim is not None and dimensions > dim:
+        raise _larger_than_model(param, dimensions, dim)
+    return dimensions
 
 
 def _stored_matrix(job: Job) -> EmbeddingMatrix:
@@ -152,7 +166,7 @@ def _sized(matrix: EmbeddingMatrix, dimensions: int | None, param: str) -> Embed
     if dimensions is None:
         return matrix
     if dimensions > matrix.dim:
-        raise bad_request(f"{param} {dimensions} is larger than the model's {matrix.dim}.", param)
+        raise _larger_than_model(param, dimensions, matrix.dim)
     return matrix.truncated(dimensions)
 
 
@@ -222,7 +236,9 @@ def _build_embed(body: dict, service: Service) -> tuple[dict, dict]:
     _positive_int(body, "max_tokens")
     return {"texts": texts}, {
         "embedding_types": _embedding_types(body.get("embedding_types")),
-        "output_dimension": _positive_int(body, "output_dimension"),
+        "output_dimension": _within_model(
+            service, _positive_int(body, "output_dimension"), "output_dimension"
+        ),
     }
 
 

@@ -16,6 +16,7 @@ from inference.jobs.kinds import kind_of
 from inference.jobs.tiers import Tier
 from inference.models import Service
 from inference.scheduling.cost_model import BatchCostModel
+from inference.scheduling.embedding_dims import note_embedding_dim
 from renq_site.celery import app
 
 logger = logging.getLogger(__name__)
@@ -74,7 +75,10 @@ def warm_engines_for_consumed_queues() -> list[str]:
             # RENQ_DEVICE, when set, wins over the model's configured device.
             engine = load_engine(service.kind, service.model_ref, device=settings.RENQ_DEVICE)
             logger.info("loaded %r", engine)  # where and in what dtype, as configured
-            engine.run_batch([kind_of(service.kind).warmup_payload])  # lazy kernel set-up
+            warm = engine.run_batch([kind_of(service.kind).warmup_payload])  # lazy kernel set-up
+            if "dim" in warm[0]:
+                # Front doors refuse a larger `dimensions` before its job runs.
+                note_embedding_dim(service.model_ref, int(warm[0]["dim"]))
             # Timed again, warm: a tiny batch is nearly all per-batch overhead, which seeds
             # the cost model that bounds batch run times (inference.scheduling.cost_model).
             started = time.perf_counter()

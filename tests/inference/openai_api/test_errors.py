@@ -84,6 +84,33 @@ def test_bad_input_names_the_request_field(client):
     assert assert_openai_shape(caught.value, 400, None)["param"] == "dimensions"
 
 
+def test_dimensions_past_the_models_size_are_refused_before_a_job_is_made(
+    client, front_door_url, tenant_key, services
+):
+    from inference.scheduling.embedding_dims import note_embedding_dim
+
+    note_embedding_dim(services["embedding"].model_ref, 384)  # as a worker's warm-up notes it
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.embeddings.create(model="embedding", input="hi", dimensions=385)
+    body = assert_openai_shape(caught.value, 400, None)
+    assert body["param"] == "dimensions" and "the model's 384" in body["message"]
+    cohere = requests.post(
+        f"{front_door_url}/v2/embed",
+        json={
+            "model": "embedding",
+            "texts": ["hi"],
+            "input_type": "clustering",
+            "output_dimension": 4096,
+        },
+        headers={"Authorization": f"Bearer {tenant_key}"},
+        timeout=10,
+    )
+    assert cohere.status_code == 400
+    assert cohere.json()["error"]["param"] == "output_dimension"
+    # Refused at the door: no job to run and then answer with a 400.
+    assert not Job.objects.filter(service=services["embedding"]).exists()
+
+
 def test_too_many_inputs_is_400_and_a_huge_body_is_413(client, front_door_url, tenant_key):
     with pytest.raises(openai.BadRequestError) as caught:
         client.embeddings.create(model="embedding", input=["x"] * 257)

