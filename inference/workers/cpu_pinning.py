@@ -48,12 +48,6 @@ def model_cpus() -> frozenset[int]:
     return parse_cpu_list(settings.RENQ_MODEL_CPUS)
 
 
-def host_cores() -> frozenset[int]:
-    """The cores this process may use, the model's included (keep_off_model_cores takes those
-    out of the calling thread's)."""
-    return frozenset(os.sched_getaffinity(0)) | model_cpus()
-
-
 def keep_off_model_cores() -> None:
     """Bind the calling thread, and the threads it starts from now on, to the cores the model
     does not have (all of them when the model would take every one, so the worker's loop is
@@ -88,7 +82,7 @@ def raise_model_priority(model_threads: int) -> None:
     nice = settings.RENQ_MODEL_NICE
     if not nice:
         return
-    if model_threads >= len(host_cores()):
+    if model_threads >= len(os.sched_getaffinity(0)):
         logger.info(
             "the model's %d threads take every core: its worker keeps its priority", model_threads
         )

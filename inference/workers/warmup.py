@@ -17,7 +17,6 @@ from inference.jobs.tiers import Tier
 from inference.models import Service
 from inference.scheduling.cost_model import BatchCostModel
 from inference.scheduling.embedding_dims import note_embedding_dim
-from inference.workers.cpu_pinning import host_cores, model_cpus
 from renq_site.celery import app
 
 logger = logging.getLogger(__name__)
@@ -36,15 +35,8 @@ def consumed_realtime_queues() -> list[str]:
 
 
 def torch_threads() -> int:
-    """The threads a forward pass on the CPU uses: RENQ_TORCH_THREADS; unset or 0, the model's
-    cores (RENQ_MODEL_CPUS), else every core this process may use but one. That one is the
-    rest of the host's: the worker's own loop, the submissions that feed it, the database; on
-    2 shared cores a model on both was slower, idle and loaded, than on one
-    (docs/performance.md)."""
-    threads = int(os.environ.get("RENQ_TORCH_THREADS", "0"))
-    if threads:
-        return threads
-    return len(model_cpus()) or max(1, len(host_cores()) - 1)
+    """The threads a forward pass on the CPU uses (RENQ_TORCH_THREADS; unset or 0: every core)."""
+    return int(os.environ.get("RENQ_TORCH_THREADS", "0")) or os.cpu_count() or 1
 
 
 def _consumed_services() -> list[Service]:

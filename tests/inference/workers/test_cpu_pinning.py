@@ -20,7 +20,6 @@ from inference.workers.cpu_pinning import (
     raise_model_priority,
 )
 from inference.workers.gpu.runner import BatchRunner
-from inference.workers.warmup import torch_threads
 
 needs_two_cpus = pytest.mark.skipif(
     len(os.sched_getaffinity(0)) < 2, reason="pinning needs two CPUs to split"
@@ -169,14 +168,3 @@ def test_a_session_nice_it_cannot_set_leaves_the_threads_raised(settings, monkey
         raise_model_priority(1)
     assert raised == [settings.RENQ_MODEL_NICE]
     assert "session keeps its nice" in caplog.text
-
-
-@needs_two_cpus
-def test_a_cpu_model_leaves_one_core_to_the_rest_of_the_host(settings, monkeypatch):
-    monkeypatch.delenv("RENQ_TORCH_THREADS", raising=False)
-    settings.RENQ_MODEL_CPUS = ""
-    assert torch_threads() == len(os.sched_getaffinity(0)) - 1
-    settings.RENQ_MODEL_CPUS = str(min(os.sched_getaffinity(0)))
-    assert torch_threads() == 1  # pinned: the model's cores, one thread each
-    monkeypatch.setenv("RENQ_TORCH_THREADS", "3")
-    assert torch_threads() == 3  # as asked
