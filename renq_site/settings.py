@@ -154,8 +154,9 @@ RENQ_DEVICE = os.environ.get("RENQ_DEVICE") or None
 # the worker keeps off them (inference.workers.cpu_pinning). Empty: no pinning.
 RENQ_MODEL_CPUS = os.environ.get("RENQ_MODEL_CPUS", "")
 # Workers that run a model: their nice, and their session's (inference.workers.cpu_pinning).
-# 0: the priority they were started with.
-RENQ_MODEL_NICE = int(os.environ.get("RENQ_MODEL_NICE", "-10"))
+# 0 (default): the priority they were started with; below it, throughput before the web's
+# answers under saturation (docs/batching.md).
+RENQ_MODEL_NICE = int(os.environ.get("RENQ_MODEL_NICE", "0"))
 # Largest request body accepted (413 above it); Django's own parser limit follows it.
 RENQ_MAX_REQUEST_BYTES = int(os.environ.get("RENQ_MAX_REQUEST_BYTES", str(4 * 1024 * 1024)))
 DATA_UPLOAD_MAX_MEMORY_SIZE = RENQ_MAX_REQUEST_BYTES

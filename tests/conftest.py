@@ -69,7 +69,8 @@ def pytest_configure(config):
     # the configuration change marker on every request instead of once a second.
     os.environ["RENQ_CONFIG_RECHECK_S"] = "0"
     # The suite's workers share pytest's session (its clients, its fault proxies): a worker
-    # raising its session's priority would raise theirs too. test_cpu_pinning runs one raised.
+    # raising its session's priority would raise theirs too, whatever the shell exported.
+    # test_cpu_pinning runs one raised, in a session of its own.
     os.environ["RENQ_MODEL_NICE"] = "0"
     from django.conf import settings
 

@@ -8,11 +8,12 @@ whole queue slows with it. Giving the model its own cores, as a GPU worker has i
 (and as CPU serving stacks do with taskset/numactl), keeps it at the raw model's speed; the
 rest of the worker stays off those cores.
 
-Without dedicated cores, the worker that runs a model runs at a higher priority than the rest
-of the stack instead: the forward pass is the scarce work, and everything else on the host
-(submissions, the broker, the database) can wait for it. Linux shares CPU first between
-sessions (autogroups, one per `make web`, `make worker`, PostgreSQL, …) and only then between
-the threads of one, so the nice is set on the worker's session as well as on its threads.
+Without dedicated cores, the worker that runs a model can run at a higher priority than the
+rest of the stack instead (RENQ_MODEL_NICE, off by default): its forward passes then wait less
+for a core, and the submissions, the broker and the database wait more, realtime ones too.
+Linux shares CPU first between sessions (autogroups, one per `make web`, `make worker`,
+PostgreSQL, …) and only then between the threads of one, so the nice is set on the worker's
+session as well as on its threads.
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ def parse_cpu_list(spec: str) -> frozenset[int]:
 def model_cpus() -> frozenset[int]:
     """The cores RENQ_MODEL_CPUS gives the model (none: no pinning)."""
     return parse_cpu_list(settings.RENQ_MODEL_CPUS)
+
+
+def host_cores() -> frozenset[int]:
+    """The cores this process may use, the model's included (keep_off_model_cores takes those
+    out of the calling thread's)."""
+    return frozenset(os.sched_getaffinity(0)) | model_cpus()
 
 
 def keep_off_model_cores() -> None:
@@ -82,7 +89,7 @@ def raise_model_priority(model_threads: int) -> None:
     nice = settings.RENQ_MODEL_NICE
     if not nice:
         return
-    if model_threads >= len(os.sched_getaffinity(0)):
+    if model_threads >= len(host_cores()):
         logger.info(
             "the model's %d threads take every core: its worker keeps its priority", model_threads
         )

@@ -15,6 +15,7 @@ import pytest
 
 from inference.workers import cpu_pinning
 from inference.workers.cpu_pinning import (
+    host_cores,
     keep_off_model_cores,
     parse_cpu_list,
     raise_model_priority,
@@ -168,3 +169,21 @@ def test_a_session_nice_it_cannot_set_leaves_the_threads_raised(settings, monkey
         raise_model_priority(1)
     assert raised == [settings.RENQ_MODEL_NICE]
     assert "session keeps its nice" in caplog.text
+
+
+@needs_two_cpus
+def test_a_pinned_model_on_its_cores_leaves_the_others_to_the_host(settings):
+    """Priority counts the model's cores against the host's, not against what the worker's
+    loop keeps once it stepped off them."""
+    cores = os.sched_getaffinity(0)
+    settings.RENQ_MODEL_CPUS = str(min(cores))
+    seen: list[frozenset[int]] = []
+
+    def step_off_then_count() -> None:
+        keep_off_model_cores()
+        seen.append(host_cores())
+
+    thread = threading.Thread(target=step_off_then_count)
+    thread.start()
+    thread.join()
+    assert seen == [frozenset(cores)]
