@@ -37,6 +37,7 @@ from django.http import FileResponse, HttpResponse, HttpResponseBase
 from django.urls import set_script_prefix
 
 from renq_site.db_sessions import trust_recently_checked_sessions
+from renq_site.middleware import DEPENDENCY_ERRORS, dependency_unavailable
 
 # Each lane holds at most one PostgreSQL connection while it lives.
 DEFAULT_LANES = int(os.environ.get("RENQ_WEB_LANES", "4"))
@@ -52,7 +53,11 @@ class DeferredResponse(HttpResponse):
         self.resolve = resolve
 
     async def answer(self) -> HttpResponseBase:
-        response = await self.resolve()
+        try:
+            response = await self.resolve()
+        except DEPENDENCY_ERRORS as exc:
+            # Past the middleware: its 503 for an unavailable dependency is given here.
+            response = dependency_unavailable(exc)
         for name, value in self.headers.items():
             if name not in response.headers and name.lower() not in _BODY_HEADERS:
                 response.headers[name] = value

@@ -14,7 +14,7 @@ import requests
 from django.core.signals import request_finished, request_started
 from django.db import connection, connections
 
-from renq_site.request_lanes import LanedASGIHandler
+from renq_site.request_lanes import DeferredResponse, LanedASGIHandler
 from tests.renq_site.helpers import asgi_web_server, child_database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -169,3 +169,17 @@ def test_a_lane_health_checks_its_kept_session_at_most_once_a_second(
     finally:
         lane.submit(connections.close_all).result()
         lane.shutdown()
+
+
+def test_a_waiting_answer_whose_database_went_away_is_a_503_with_retry_after():
+    """A POST ?wait= or GET ?wait= answers on the event loop, past the middleware: its read
+    of the job failing on a stopped PostgreSQL was a 500."""
+    from django.db import OperationalError
+
+    async def read_fails():
+        raise OperationalError("connection to server at 127.0.0.1 failed: Connection refused")
+
+    response = asyncio.run(DeferredResponse(read_fails).answer())
+    assert response.status_code == 503
+    assert response["Retry-After"]
+    assert json.loads(response.content)["error"]["code"] == "service_unavailable"
