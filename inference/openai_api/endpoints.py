@@ -147,7 +147,9 @@ def _larger_than_model(param: str, dimensions: int, dim: int) -> OpenAIError:
 def _within_model(service: Service, dimensions: int | None, param: str) -> int | None:
     """Refused before the job runs when a worker noted the model's vector size
     (inference.scheduling.embedding_dims); otherwise when its vectors are sized (_sized)."""
-    dim = embedding_dim(service.model_ref) if dimensions is not None else None
+    if dimensions is None:
+        return None
+    dim = embedding_dim(service.model_ref)
     if dim is not None and dimensions > dim:
         raise _larger_than_model(param, dimensions, dim)
     return dimensions

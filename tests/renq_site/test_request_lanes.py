@@ -173,7 +173,7 @@ def test_a_lane_health_checks_its_kept_session_at_most_once_a_second(
 
 def test_a_waiting_answer_whose_database_went_away_is_a_503_with_retry_after():
     """A POST ?wait= or GET ?wait= answers on the event loop, past the middleware: its read
-    of the job failing on a stopped PostgreSQL was a 500."""
+    of the job failing on a stopped PostgreSQL answers as the middleware would."""
     from django.db import OperationalError
 
     async def read_fails():

@@ -1,5 +1,5 @@
 """RENQ_MODEL_CPUS: forward passes on the model's cores, the rest of the worker off them.
-RENQ_MODEL_NICE: a worker whose model leaves a core to the rest runs ahead of it."""
+RENQ_MODEL_NICE, when set: a worker whose model leaves a core to the rest runs ahead of it."""
 
 from __future__ import annotations
 
